@@ -1,0 +1,105 @@
+"""Host-side state of each sequence's answer canvas: the single source of truth the decode loops read.
+
+A cell is masked, committed (final token) or padding (after the answer's end token). Commits arrive once per
+step from the device (one synchronisation per step, which the streaming UI needs anyway).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MASK = -1
+
+
+@dataclass
+class SequenceState:
+    index: int
+    prompt_ids: list[int]
+    gen_length: int
+    mask_id: int
+    eos_id: int
+    end_ids: frozenset[int]  # EOS and end-of-turn: the answer ends at the first committed one
+    answer: list[int] = field(default_factory=list)  # token per cell, MASK while masked
+    confidence: list[float] = field(default_factory=list)
+    commit_step: list[int] = field(default_factory=list)
+    end: int | None = None  # cell of the first committed end token
+    steps: int = 0
+    forward_passes: int = 0
+    verify_passes: int = 0
+    accepted_drafts: int = 0
+    rejected_drafts: int = 0
+    newly_committed: list[int] = field(default_factory=list)  # cells committed since begin_step (not padding)
+    cancelled: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.answer:
+            self.answer = [MASK] * self.gen_length
+            self.confidence = [0.0] * self.gen_length
+            self.commit_step = [-1] * self.gen_length
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def total_len(self) -> int:
+        return self.prompt_len + self.gen_length
+
+    @property
+    def limit(self) -> int:
+        """Cells at or beyond this index are padding (or beyond the canvas)."""
+        return self.gen_length if self.end is None else self.end + 1
+
+    def masked_cells(self, start: int = 0, stop: int | None = None) -> list[int]:
+        stop = self.limit if stop is None else min(stop, self.limit)
+        return [c for c in range(start, stop) if self.answer[c] == MASK]
+
+    @property
+    def done(self) -> bool:
+        return self.cancelled or not self.masked_cells()
+
+    def is_padding(self, cell: int) -> bool:
+        return self.end is not None and cell > self.end
+
+    def token_at(self, position: int) -> int:
+        """Model input token at a sequence position (prompt, committed, padding EOS or the mask token)."""
+        if position < self.prompt_len:
+            return self.prompt_ids[position]
+        cell = position - self.prompt_len
+        if self.is_padding(cell):
+            return self.eos_id
+        token = self.answer[cell]
+        return self.mask_id if token == MASK else token
+
+    def tokens(self) -> list[int]:
+        return [self.token_at(p) for p in range(self.total_len)]
+
+    def commit(self, cells: list[int], tokens: list[int], confidences: list[float]) -> int | None:
+        """Fix tokens into cells. Returns the new end cell when this commit ended the answer, else None."""
+        new_end = None
+        for cell, token, conf in zip(cells, tokens, confidences):
+            if self.answer[cell] != MASK or self.is_padding(cell):
+                continue
+            self.answer[cell] = int(token)
+            self.confidence[cell] = float(conf)
+            self.commit_step[cell] = self.steps
+            if token in self.end_ids and (self.end is None or cell < self.end):
+                self.end = new_end = cell
+        if new_end is not None:  # tokens committed after the end are dropped: they are padding now
+            for cell in range(new_end + 1, self.gen_length):
+                self.answer[cell] = self.eos_id
+        self.newly_committed = [c for c in self.newly_committed + list(cells) if not self.is_padding(c)]
+        return new_end
+
+    def begin_step(self) -> None:
+        self.newly_committed = []
+
+    def answer_ids(self) -> list[int]:
+        """Generated ids up to and excluding the end token (masked cells, if cancelled, are dropped)."""
+        stop = self.end if self.end is not None else self.gen_length
+        return [t for t in self.answer[:stop] if t != MASK]
+
+    @property
+    def finish_reason(self) -> str:
+        if self.cancelled:
+            return "cancelled"
+        return "eos" if self.end is not None else "length"

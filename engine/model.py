@@ -1,0 +1,167 @@
+"""The transformer of both families in plain PyTorch, as functions over a dataclass of tensors.
+
+LLaDA: multi-head attention, no biases, predicts in place. Dream: grouped-query attention with q/k/v bias,
+logits shifted by one. Both: pre-norm RMSNorm, bidirectional attention, rotate-half RoPE, SwiGLU MLP.
+
+Two forward paths share every weight and every op but attention:
+* ``forward_hidden`` runs whole (left-padded) sequences with SDPA: the reference decoders and training use it;
+* ``forward_cached`` runs a packed, ragged set of query tokens of many sequences against the per-slot KV
+  cache through the kernel dispatchers (fused QKV+RoPE+cache write, scheduled attention).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from flash_dllm.engine.config import ModelConfig
+from flash_dllm.kernels.fused_qkv_rope_cache import fused_qkv_rope_cache, rope_rotate_half
+from flash_dllm.kernels.scheduled_attention import AttentionPlan, scheduled_attention
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # [D]
+    w_qkv: torch.Tensor  # [(Hq + 2 Hkv) * Dh, D], q rows then k rows then v rows
+    b_qkv: torch.Tensor | None  # [(Hq + 2 Hkv) * Dh] (Dream) or None (LLaDA)
+    w_o: torch.Tensor  # [D, Hq * Dh]
+    ffn_norm: torch.Tensor  # [D]
+    w_gate_up: torch.Tensor  # [2F, D]: gate rows (silu) then up rows
+    w_down: torch.Tensor  # [D, F]
+
+
+@dataclass
+class DiffusionLM:
+    config: ModelConfig
+    embed: torch.Tensor  # [V, D]
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor  # [D]
+    lm_head: torch.Tensor  # [V, D] (the embedding itself when tied)
+    rope_cos: torch.Tensor  # [P, Dh/2] fp32
+    rope_sin: torch.Tensor  # [P, Dh/2] fp32
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+
+def rope_tables(head_dim: int, theta: float, n_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of rotate-half RoPE in fp32 (computed in fp64 so large thetas keep their precision)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = torch.arange(n_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return angles.cos().float().to(device), angles.sin().float().to(device)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+def mlp(x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+    gate, up = F.linear(x, layer.w_gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, layer.w_down)
+
+
+def lm_logits(model: DiffusionLM, hidden: torch.Tensor) -> torch.Tensor:
+    """Logits of already-normed hidden states (the caller picks which rows need them)."""
+    return F.linear(hidden, model.lm_head)
+
+
+def default_positions(key_mask: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
+    """RoPE positions that start at 0 on each row's first real token, so left padding changes nothing."""
+    if key_mask is None:
+        return torch.arange(length, device=device).expand(batch, length)
+    return (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def forward_hidden(
+    model: DiffusionLM,
+    input_ids: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Whole-sequence forward. input_ids [B, L]; key_mask [B, L] (False = padding, never attended).
+
+    Returns the final-normed hidden states [B, L, D]. No in-place ops, so it is differentiable (training).
+    """
+    cfg = model.config
+    batch, length = input_ids.shape
+    if positions is None:
+        positions = default_positions(key_mask, batch, length, input_ids.device)
+    cos, sin = model.rope_cos[positions], model.rope_sin[positions]  # [B, L, Dh/2]
+    attn_mask = None if key_mask is None else key_mask[:, None, None, :].bool()
+    h = F.embedding(input_ids, model.embed)
+    hq, hkv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    for layer in model.layers:
+        x = rms_norm(h, layer.attn_norm, cfg.norm_eps)
+        q, k, v = F.linear(x, layer.w_qkv, layer.b_qkv).split([hq * dh, hkv * dh, hkv * dh], dim=-1)
+        flat_cos, flat_sin = cos.reshape(-1, dh // 2), sin.reshape(-1, dh // 2)
+        q = rope_rotate_half(q.reshape(-1, hq, dh), flat_cos, flat_sin).to(x.dtype)
+        k = rope_rotate_half(k.reshape(-1, hkv, dh), flat_cos, flat_sin).to(x.dtype)
+        q = q.view(batch, length, hq, dh).transpose(1, 2)
+        k = k.view(batch, length, hkv, dh).transpose(1, 2)
+        v = v.reshape(batch, length, hkv, dh).transpose(1, 2)
+        if hkv != hq:
+            k = k.repeat_interleave(hq // hkv, dim=1)
+            v = v.repeat_interleave(hq // hkv, dim=1)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        h = h + F.linear(attn.transpose(1, 2).reshape(batch, length, hq * dh), layer.w_o)
+        h = h + mlp(rms_norm(h, layer.ffn_norm, cfg.norm_eps), layer)
+    return rms_norm(h, model.final_norm, cfg.norm_eps)
+
+
+def forward_full(
+    model: DiffusionLM,
+    input_ids: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Logits [B, L, V] of every position, aligned so that logits[:, i] predicts token i for both families."""
+    logits = lm_logits(model, forward_hidden(model, input_ids, key_mask, positions))
+    if model.config.shift_logits:
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+    return logits
+
+
+@dataclass
+class CachedStep:
+    """A packed, ragged forward of query tokens of many sequences against the slot KV cache."""
+
+    token_ids: torch.Tensor  # [N]
+    positions: torch.Tensor  # [N] RoPE position inside its sequence
+    write_rows: torch.Tensor  # [N] cache row receiving each token's K/V (scratch rows for verify passes)
+    plan: AttentionPlan
+    hidden_rows: torch.Tensor  # [M] packed rows whose final hidden state is returned (for logits)
+
+
+def forward_cached(
+    model: DiffusionLM,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    step: CachedStep,
+    backend: str,
+    score_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run the step through every layer. k_cache/v_cache: [layers, R, Hkv*Dh]. Returns normed hidden [M, D]."""
+    cfg = model.config
+    h = F.embedding(step.token_ids, model.embed)
+    for index, layer in enumerate(model.layers):
+        x = rms_norm(h, layer.attn_norm, cfg.norm_eps)
+        q = fused_qkv_rope_cache(
+            x, layer.w_qkv, layer.b_qkv, model.rope_cos, model.rope_sin, step.positions, step.write_rows,
+            k_cache[index], v_cache[index], cfg.n_heads, cfg.n_kv_heads, backend=backend,
+        )
+        attn = scheduled_attention(
+            q, k_cache[index], v_cache[index], step.plan, cfg.n_heads, cfg.n_kv_heads,
+            score_out=score_out, backend=backend,
+        )
+        h = h + F.linear(attn, layer.w_o)
+        h = h + mlp(rms_norm(h, layer.ffn_norm, cfg.norm_eps), layer)
+    h = h.index_select(0, step.hidden_rows)
+    return rms_norm(h, model.final_norm, cfg.norm_eps)

@@ -1,0 +1,122 @@
+"""Generation settings, their validation, and the per-sequence result. One place defines what is legal."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+
+METHODS = {
+    "llada": "LLaDA reference: full forward every step, semi-autoregressive blocks, top-k low-confidence remasking",
+    "fast-dllm": "Fast-dLLM: block KV cache (dual or prefix) with confidence-threshold parallel decoding",
+    "flash-cache": "Flash-Cache: sliding masked window, look-ahead masks and attention-tracked tokens; the rest from cache",
+    "flash-verify": "Flash-Cache + Flash-Verify: the model drafts low-confidence tokens and verifies them itself",
+}
+ACCEPTANCE_RULES = ("paper", "cumulative")
+CACHE_MODES = ("dual", "prefix")
+
+
+class SettingsError(ValueError):
+    """A setting out of range; the message names the setting and the legal range."""
+
+
+@dataclass
+class GenerationSettings:
+    method: str = "flash-cache"
+    gen_length: int = 128
+    block_length: int = 32
+    steps: int | None = None  # llada: total denoising steps (default gen_length: one token per step)
+    threshold: float = 0.9  # fast-dllm / flash-cache commit rule
+    temperature: float = 0.0
+    cfg_scale: float = 0.0  # llada: classifier-free guidance
+    seed: int | None = 0
+    cache_mode: str = "dual"  # fast-dllm
+    window: int = 16  # flash-cache: masked window
+    lookahead: int = 48  # flash-cache: look-ahead masks recomputed but not committed
+    track: int = 64  # flash-cache: tracked decoded tokens (-1 refreshes everything)
+    gamma: float = 0.8  # flash-verify acceptance
+    acceptance: str = "paper"
+    max_candidates: int | None = None  # flash-verify: default window // 2
+    use_chat_template: bool = True
+
+    def with_overrides(self, **changes) -> "GenerationSettings":
+        known = {f.name for f in fields(self)}
+        return replace(self, **{k: v for k, v in changes.items() if k in known and v is not None})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def n_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps if self.steps is not None else self.gen_length
+
+    @property
+    def candidates_cap(self) -> int:
+        return self.max_candidates if self.max_candidates is not None else max(1, self.window // 2)
+
+
+def validate(settings: GenerationSettings, max_context: int | None = None, prompt_tokens: int | None = None) -> None:
+    """Raise SettingsError with a one-line message for the first setting that is out of range."""
+    s = settings
+    if s.method not in METHODS:
+        raise SettingsError(f"unknown method {s.method!r}; choose one of: {', '.join(METHODS)}")
+    if s.gen_length < 1:
+        raise SettingsError(f"gen length must be at least 1 (got {s.gen_length})")
+    if s.block_length < 1 or s.gen_length % s.block_length:
+        raise SettingsError(f"gen length {s.gen_length} must be a positive multiple of block length {s.block_length}")
+    if s.steps is not None:
+        if s.steps < s.n_blocks or s.steps > s.gen_length or s.steps % s.n_blocks:
+            raise SettingsError(
+                f"steps {s.steps} must be a multiple of the number of blocks ({s.n_blocks}) between {s.n_blocks} and {s.gen_length}"
+            )
+    if not 0.0 < s.threshold <= 1.0:
+        raise SettingsError(f"threshold must be in (0, 1] (got {s.threshold})")
+    if s.temperature < 0:
+        raise SettingsError(f"temperature must be >= 0 (got {s.temperature})")
+    if s.cfg_scale < 0:
+        raise SettingsError(f"cfg scale must be >= 0 (got {s.cfg_scale})")
+    if s.cache_mode not in CACHE_MODES:
+        raise SettingsError(f"cache mode must be one of {', '.join(CACHE_MODES)} (got {s.cache_mode!r})")
+    if s.window < 1:
+        raise SettingsError(f"window must be at least 1 (got {s.window})")
+    if s.lookahead < 0:
+        raise SettingsError(f"lookahead must be >= 0 (got {s.lookahead})")
+    if s.track < -1:
+        raise SettingsError(f"track must be -1 (refresh everything) or >= 0 (got {s.track})")
+    if s.gamma <= 0:
+        raise SettingsError(f"gamma must be > 0 (got {s.gamma}); above 1 accepts no draft")
+    if s.acceptance not in ACCEPTANCE_RULES:
+        raise SettingsError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)} (got {s.acceptance!r})")
+    if s.max_candidates is not None and s.max_candidates < 1:
+        raise SettingsError(f"max candidates must be at least 1 (got {s.max_candidates})")
+    if max_context is not None and prompt_tokens is not None and prompt_tokens + s.gen_length > max_context:
+        raise SettingsError(
+            f"prompt ({prompt_tokens} tokens) plus answer ({s.gen_length}) exceeds the model's context of {max_context} tokens"
+        )
+
+
+@dataclass
+class GenerationResult:
+    """One sequence's answer and the numbers behind it (JSON fields of `generate --json`)."""
+
+    text: str
+    token_ids: list[int]
+    forward_passes: int
+    steps: int
+    elapsed_s: float
+    tokens_per_s: float
+    method: str
+    model: str
+    finish_reason: str = "eos"
+    verify_passes: int = 0
+    draft_passes: int = 0
+    accepted_drafts: int = 0
+    rejected_drafts: int = 0
+    tokens_per_forward: float = 0.0
+    kernels: str = "torch"
+    prompt_tokens: int = 0
+    settings: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

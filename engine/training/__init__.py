@@ -1,0 +1,1 @@
+"""Training of the bundled tiny LLaDA-architecture chat model: data, tokenizer, training loop, evaluation."""

@@ -1,0 +1,185 @@
+"""Load a Hugging Face model folder by tensor name from safetensors (never pickle, never remote code)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from flash_dllm.engine.config import ModelConfig, load_config
+from flash_dllm.engine.model import DiffusionLM, LayerWeights, rope_tables
+
+
+class WeightsError(ValueError):
+    """Missing, truncated or mismatched weight files."""
+
+
+def llada_names(cfg: ModelConfig) -> dict:
+    """Tensor names of LLaDA's checkpoint layout (GSAI-ML/LLaDA-8B-Instruct)."""
+    block = "model.transformer.blocks.{i}."
+    return {
+        "embed": "model.transformer.wte.weight",
+        "final_norm": "model.transformer.ln_f.weight",
+        "lm_head": None if cfg.tie_embeddings else "model.transformer.ff_out.weight",
+        "attn_norm": block + "attn_norm.weight",
+        "q": block + "q_proj.weight",
+        "k": block + "k_proj.weight",
+        "v": block + "v_proj.weight",
+        "q_bias": block + "q_proj.bias",
+        "k_bias": block + "k_proj.bias",
+        "v_bias": block + "v_proj.bias",
+        "o": block + "attn_out.weight",
+        "ffn_norm": block + "ff_norm.weight",
+        "gate": block + "ff_proj.weight",
+        "up": block + "up_proj.weight",
+        "down": block + "ff_out.weight",
+    }
+
+
+def dream_names(cfg: ModelConfig) -> dict:
+    """Tensor names of Dream's Qwen2 layout (Dream-org/Dream-v0-Instruct-7B)."""
+    block = "model.layers.{i}."
+    return {
+        "embed": "model.embed_tokens.weight",
+        "final_norm": "model.norm.weight",
+        "lm_head": None if cfg.tie_embeddings else "lm_head.weight",
+        "attn_norm": block + "input_layernorm.weight",
+        "q": block + "self_attn.q_proj.weight",
+        "k": block + "self_attn.k_proj.weight",
+        "v": block + "self_attn.v_proj.weight",
+        "q_bias": block + "self_attn.q_proj.bias",
+        "k_bias": block + "self_attn.k_proj.bias",
+        "v_bias": block + "self_attn.v_proj.bias",
+        "o": block + "self_attn.o_proj.weight",
+        "ffn_norm": block + "post_attention_layernorm.weight",
+        "gate": block + "mlp.gate_proj.weight",
+        "up": block + "mlp.up_proj.weight",
+        "down": block + "mlp.down_proj.weight",
+    }
+
+
+def tensor_names(cfg: ModelConfig) -> dict:
+    return llada_names(cfg) if cfg.family == "llada" else dream_names(cfg)
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model needs with its shape, so a wrong checkpoint fails before any math runs."""
+    names, d, f = tensor_names(cfg), cfg.d_model, cfg.mlp_hidden
+    q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    shapes = {names["embed"]: (cfg.vocab_size, d), names["final_norm"]: (d,)}
+    if names["lm_head"]:
+        shapes[names["lm_head"]] = (cfg.vocab_size, d)
+    for i in range(cfg.n_layers):
+        per = {
+            "attn_norm": (d,), "q": (q_out, d), "k": (kv_out, d), "v": (kv_out, d), "o": (d, q_out),
+            "ffn_norm": (d,), "gate": (f, d), "up": (f, d), "down": (d, f),
+        }
+        if cfg.qkv_bias:
+            per.update({"q_bias": (q_out,), "k_bias": (kv_out,), "v_bias": (kv_out,)})
+        for key, shape in per.items():
+            shapes[names[key].format(i=i)] = shape
+    return shapes
+
+
+def model_from_state(
+    cfg: ModelConfig,
+    state: Mapping[str, torch.Tensor],
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> DiffusionLM:
+    """Build the model from a name -> tensor mapping. Differentiable when the tensors require grad."""
+    names = tensor_names(cfg)
+
+    def get(key: str, i: int | None = None) -> torch.Tensor:
+        tensor = state[names[key].format(i=i) if i is not None else names[key]]
+        return tensor.to(device=device or tensor.device, dtype=dtype or tensor.dtype)
+
+    layers = []
+    for i in range(cfg.n_layers):
+        bias = torch.cat([get("q_bias", i), get("k_bias", i), get("v_bias", i)]) if cfg.qkv_bias else None
+        layers.append(
+            LayerWeights(
+                attn_norm=get("attn_norm", i),
+                w_qkv=torch.cat([get("q", i), get("k", i), get("v", i)]),
+                b_qkv=bias,
+                w_o=get("o", i),
+                ffn_norm=get("ffn_norm", i),
+                w_gate_up=torch.cat([get("gate", i), get("up", i)]),
+                w_down=get("down", i),
+            )
+        )
+    embed = get("embed")
+    cos, sin = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.max_seq_len, embed.device)
+    return DiffusionLM(
+        config=cfg,
+        embed=embed,
+        layers=layers,
+        final_norm=get("final_norm"),
+        lm_head=embed if cfg.tie_embeddings else get("lm_head"),
+        rope_cos=cos,
+        rope_sin=sin,
+    )
+
+
+def model_from_llada_state(cfg: ModelConfig, state, device=None, dtype=None) -> DiffusionLM:
+    if cfg.family != "llada":
+        raise WeightsError(f"expected a LLaDA config, got {cfg.family}")
+    return model_from_state(cfg, state, device, dtype)
+
+
+def safetensor_files(folder: Path) -> list[Path]:
+    """The shards named by model.safetensors.index.json, or every *.safetensors file in the folder."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({folder / name for name in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise WeightsError(f"missing safetensors shard(s) in {folder}: {', '.join(missing)}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickles = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
+        hint = " (only pickle files found; flash-dllm-chat loads safetensors only)" if pickles else ""
+        raise WeightsError(f"no *.safetensors weights in {folder}{hint}")
+    return files
+
+
+def read_state(folder: Path, wanted: dict[str, tuple[int, ...]], device: str) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    state: dict[str, torch.Tensor] = {}
+    for path in safetensor_files(folder):
+        try:
+            with safe_open(str(path), framework="pt", device=device) as handle:
+                for name in handle.keys():
+                    if name in wanted:
+                        state[name] = handle.get_tensor(name)
+        except Exception as err:  # safetensors raises its own error type for truncated/corrupt headers
+            raise WeightsError(f"cannot read {path.name}: truncated or corrupt safetensors ({err})") from None
+    missing = [name for name in wanted if name not in state]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise WeightsError(f"weights in {folder} lack {', '.join(missing[:3])}{more}")
+    for name, shape in wanted.items():
+        if tuple(state[name].shape) != shape:
+            raise WeightsError(f"{name} has shape {tuple(state[name].shape)}, config.json implies {shape}")
+    return state
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on GPU (what the checkpoints ship in), fp32 on CPU (bf16 matmuls are slow and inexact there)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_model(folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> DiffusionLM:
+    folder = Path(folder)
+    cfg = load_config(folder)
+    device = torch.device(device)
+    dtype = dtype or default_dtype(device)
+    state = read_state(folder, expected_shapes(cfg), "cpu" if device.type == "cpu" else str(device))
+    with torch.no_grad():
+        model = model_from_state(cfg, state, device, dtype)
+    del state
+    return model
