@@ -53,7 +53,7 @@ class SeqQuery:
     exclude: list[int] | None = None  # sequence positions whose cache rows the step must not read
 
 
-def pack(cache: KVCache, queries: list[SeqQuery], block_m: int = 16) -> tuple[CachedStep, list[int]]:
+def pack(cache: KVCache, queries: list[SeqQuery], block_m: int = 64) -> tuple[CachedStep, list[int]]:
     """Pack the sequences' queries into one step; returns the step and, per readout, its packed row."""
     device = cache.k.device
     tokens, positions, write_rows, readout_rows, score_rows = [], [], [], [], []

@@ -1,0 +1,203 @@
+"""Fused QKV + RoPE + cache-write kernel vs the plain-PyTorch reference.
+
+Runs the Triton kernel through the CPU interpreter (TRITON_INTERPRET=1, small shapes) or, with
+TRITON_INTERPRET=0 on a CUDA machine, on the GPU, where the full LLaDA-8B / Dream-7B layer shapes also run.
+
+Tolerances (relative Frobenius-norm error vs the reference):
+  fp32 1e-5 (fp32 accumulation on both sides, only the summation order differs);
+  fp16 2e-3 and bf16 1e-2: the kernel rounds once after RoPE, the reference rounds the projection and
+  again after RoPE, and the interpreter stores bf16 by truncation (measured ~4e-3 against the reference).
+Cache rows that no token names must stay bit-identical.
+"""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported (conftest does the same)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from flash_dllm.kernels import interpreting  # noqa: E402
+from flash_dllm.kernels.fused_qkv_rope_cache import fused_qkv_rope_cache, fused_qkv_rope_cache_reference  # noqa: E402
+
+DEVICE = "cpu" if interpreting() else ("cuda" if torch.cuda.is_available() else None)
+pytestmark = pytest.mark.skipif(DEVICE is None, reason="Triton needs TRITON_INTERPRET=1 or a CUDA device")
+needs_gpu = pytest.mark.skipif(DEVICE != "cuda", reason="full model shapes run on a CUDA device only")
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    expected = expected.double()
+    return ((actual.double() - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+
+
+def rope_tables(n_positions: int, head_dim: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(n_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return angles.cos().float().to(device), angles.sin().float().to(device)
+
+
+class Layer:
+    """Random stacked q|k|v weight (+bias) and RoPE tables of one attention layer."""
+
+    def __init__(self, n_heads, n_kv_heads, head_dim, d_model, bias, dtype, theta=5e5, n_positions=4608, seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        rows = (n_heads + 2 * n_kv_heads) * head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim, self.dtype = n_heads, n_kv_heads, head_dim, dtype
+        self.w = (torch.randn(rows, d_model, generator=gen) / d_model**0.5).to(DEVICE, dtype)
+        self.b = (0.5 * torch.randn(rows, generator=gen)).to(DEVICE, dtype) if bias else None
+        self.cos, self.sin = rope_tables(n_positions, head_dim, theta, DEVICE)
+
+    def caches(self, n_rows: int, fill: float | None = None, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        width = self.n_kv_heads * self.head_dim
+        if fill is not None:
+            return (torch.full((n_rows, width), fill, dtype=self.dtype, device=DEVICE) for _ in range(2))
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randn(n_rows, width, generator=gen).to(DEVICE, self.dtype) for _ in range(2))
+
+    def run(self, x, positions, cache_rows, k_cache, v_cache, backend):
+        return fused_qkv_rope_cache(x, self.w, self.b, self.cos, self.sin, positions, cache_rows, k_cache, v_cache,
+                                    self.n_heads, self.n_kv_heads, backend=backend)
+
+
+def compare(layer: Layer, x, positions, cache_rows, n_cache_rows: int, fill: float | None = None):
+    """Run kernel and reference on identical, separately owned caches and check every output."""
+    k_kernel, v_kernel = layer.caches(n_cache_rows, fill)
+    k_ref, v_ref = layer.caches(n_cache_rows, fill)
+    k_before, v_before = k_kernel.clone(), v_kernel.clone()
+    q_kernel = layer.run(x, positions, cache_rows, k_kernel, v_kernel, "triton")
+    q_ref = fused_qkv_rope_cache_reference(x, layer.w, layer.b, layer.cos, layer.sin, positions, cache_rows,
+                                           k_ref, v_ref, layer.n_heads, layer.n_kv_heads)
+    tol = TOL[layer.dtype]
+    assert q_kernel.dtype == x.dtype and q_kernel.shape == q_ref.shape
+    assert rel_err(q_kernel, q_ref) <= tol, ("q", rel_err(q_kernel, q_ref))
+    rows = cache_rows.long()
+    assert rel_err(k_kernel[rows], k_ref[rows]) <= tol, ("k", rel_err(k_kernel[rows], k_ref[rows]))
+    assert rel_err(v_kernel[rows], v_ref[rows]) <= tol, ("v", rel_err(v_kernel[rows], v_ref[rows]))
+    untouched = torch.ones(n_cache_rows, dtype=torch.bool, device=DEVICE)
+    untouched[rows] = False
+    # bit-exact, NaN included: compare the raw bits of rows no token names
+    assert torch.equal(k_kernel[untouched].view(torch.uint8), k_before[untouched].view(torch.uint8))
+    assert torch.equal(v_kernel[untouched].view(torch.uint8), v_before[untouched].view(torch.uint8))
+    return q_kernel
+
+
+def tokens(n_tokens, d_model, dtype, n_cache_rows, seed=2, max_position=4096):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_tokens, d_model, generator=gen).to(DEVICE, dtype)
+    positions = torch.randint(0, max_position, (n_tokens,), generator=gen).to(DEVICE)
+    cache_rows = torch.randperm(n_cache_rows, generator=gen)[:n_tokens].to(DEVICE)
+    return x, positions, cache_rows
+
+
+@pytest.mark.parametrize("n_tokens", [1, 3, 17, 129])
+@pytest.mark.parametrize("n_heads,n_kv_heads,bias", [(4, 4, False), (4, 2, True)], ids=["mha", "gqa-bias"])
+def test_matches_reference_fp32(n_heads, n_kv_heads, bias, n_tokens):
+    layer = Layer(n_heads, n_kv_heads, head_dim=16, d_model=64, bias=bias, dtype=torch.float32)
+    x, positions, cache_rows = tokens(n_tokens, 64, torch.float32, n_cache_rows=2 * n_tokens + 7)
+    compare(layer, x, positions, cache_rows, 2 * n_tokens + 7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_precisions(dtype):
+    layer = Layer(4, 2, head_dim=32, d_model=96, bias=True, dtype=dtype, theta=1e6)
+    x, positions, cache_rows = tokens(33, 96, dtype, n_cache_rows=80)
+    compare(layer, x, positions, cache_rows, 80)
+
+
+def test_ragged_batch_leaves_other_sequences_untouched():
+    """A 1-token refresh beside a 300-token prefill; the cache is NaN-poisoned, a third slot stays NaN."""
+    layer = Layer(4, 2, head_dim=16, d_model=64, bias=True, dtype=torch.float32)
+    slot = 512
+    positions = torch.cat([torch.tensor([700]), torch.arange(300)]).to(DEVICE)
+    cache_rows = torch.cat([torch.tensor([0 * slot + 7]), 1 * slot + torch.arange(300)]).to(DEVICE)
+    x = torch.randn(301, 64, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    compare(layer, x, positions, cache_rows, 3 * slot, fill=float("nan"))
+
+
+def test_head_dim_128_gqa_bias():
+    for dtype in (torch.float32, torch.bfloat16):
+        layer = Layer(4, 1, head_dim=128, d_model=128, bias=True, dtype=dtype, theta=1e6)
+        x, positions, cache_rows = tokens(5, 128, dtype, n_cache_rows=16)
+        compare(layer, x, positions, cache_rows, 16)
+
+
+def test_head_dim_not_a_power_of_two():
+    """Pair tiles then straddle heads (Dh/2 = 12 does not divide the 64-pair tile)."""
+    layer = Layer(3, 1, head_dim=24, d_model=48, bias=True, dtype=torch.float32)
+    x, positions, cache_rows = tokens(19, 48, torch.float32, n_cache_rows=40)
+    compare(layer, x, positions, cache_rows, 40)
+
+
+def test_strided_inputs_and_int32_indices():
+    """x as a column slice of a wider buffer, positions/cache rows as int32 (what a plan tensor holds)."""
+    layer = Layer(4, 2, head_dim=16, d_model=64, bias=False, dtype=torch.float32)
+    wide = torch.randn(21, 100, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    x, positions, cache_rows = tokens(21, 64, torch.float32, n_cache_rows=50)
+    compare(layer, wide[:, 10:74], positions.int(), cache_rows.int(), 50)
+
+
+def test_rope_is_applied_to_q_and_k_only():
+    """Position 0 is the identity rotation: moving every token there must change q and k but not v."""
+    layer = Layer(2, 2, head_dim=16, d_model=32, bias=False, dtype=torch.float32)
+    x, positions, cache_rows = tokens(9, 32, torch.float32, n_cache_rows=9)
+    k_rot, v_rot = layer.caches(9)
+    q_rot = layer.run(x, positions + 1, cache_rows, k_rot, v_rot, "triton")
+    k_id, v_id = layer.caches(9)
+    q_id = layer.run(x, torch.zeros_like(positions), cache_rows, k_id, v_id, "triton")
+    plain = (x @ layer.w.T).view(9, 6, 16)
+    assert rel_err(q_id.view(9, 2, 16), plain[:, :2]) <= 1e-5
+    assert rel_err(k_id[cache_rows].view(9, 2, 16), plain[:, 2:4]) <= 1e-5
+    assert rel_err(q_rot, q_id) > 1e-2 and rel_err(k_rot, k_id) > 1e-2
+    assert torch.equal(v_rot, v_id)
+
+
+# ---- full model geometry (GPU only) ------------------------------------------------------------------------
+
+MODELS = {  # n_heads, n_kv_heads, head_dim, d_model, bias, rope theta
+    "llada-8b": (32, 32, 128, 4096, False, 5e5),
+    "dream-7b": (28, 4, 128, 3584, True, 1e6),
+}
+
+
+@needs_gpu
+@pytest.mark.parametrize("n_tokens", [1, 17, 128, 1000, 4096])
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_full_layer_bf16(model, n_tokens):
+    n_heads, n_kv_heads, head_dim, d_model, bias, theta = MODELS[model]
+    layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, torch.bfloat16, theta)
+    n_cache_rows = 2 * 4096 + 128
+    x, positions, cache_rows = tokens(n_tokens, d_model, torch.bfloat16, n_cache_rows)
+    compare(layer, x, positions, cache_rows, n_cache_rows, fill=float("nan"))
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_full_layer_other_dtypes(dtype):
+    n_heads, n_kv_heads, head_dim, d_model, bias, theta = MODELS["dream-7b"]
+    layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, dtype, theta)
+    n_tokens = 200 if dtype == torch.float16 else 9  # fp32 (exact "ieee" dots) only at decode size
+    x, positions, cache_rows = tokens(n_tokens, d_model, dtype, 1024)
+    compare(layer, x, positions, cache_rows, 1024)
+
+
+def compiled_variants(kernel) -> int:
+    fn = kernel
+    while not hasattr(fn, "device_caches"):  # autotuner/heuristics wrappers hold the JITFunction in .fn
+        fn = fn.fn
+    return sum(len(entry[0]) for entry in fn.device_caches.values())
+
+
+@needs_gpu
+def test_token_count_does_not_recompile():
+    from flash_dllm.kernels._fused_qkv_rope_cache_triton import _fused_qkv_rope_cache_kernel
+
+    n_heads, n_kv_heads, head_dim, d_model, bias, theta = MODELS["dream-7b"]
+    layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, torch.bfloat16, theta)
+    k_cache, v_cache = layer.caches(512)
+    counts = []
+    for n_tokens in (70, 97, 128, 101):  # one autotune bucket, four token counts
+        x, positions, cache_rows = tokens(n_tokens, d_model, torch.bfloat16, 512)
+        layer.run(x, positions, cache_rows, k_cache, v_cache, "triton")
+        counts.append(compiled_variants(_fused_qkv_rope_cache_kernel))
+    assert counts[0] >= 1 and counts[1:] == counts[:1] * 3, counts
