@@ -78,7 +78,7 @@ def run_method(model, method: str, batch: int, prompt_len: int, gen_len: int, it
     cfg = model.config
     settings = GenerationSettings(method=method, gen_length=gen_len, block_length=32, threshold=0.9, gamma=0.8)
     gen = torch.Generator().manual_seed(0)
-    states = [SequenceState(i, torch.randint(0, 120000, (prompt_len,), generator=gen).tolist(), gen_len,
+    states = [SequenceState(i, torch.randint(0, min(120000, cfg.vocab_size - 64), (prompt_len,), generator=gen).tolist(), gen_len,
                             cfg.mask_id, cfg.eos_id, frozenset({cfg.eos_id})) for i in range(batch)]
     stamps, cancel = [], threading.Event()
 
