@@ -176,7 +176,7 @@ class Engine:
     def stream(self, prompts: list, settings: GenerationSettings,
                cancel: threading.Event | None = None) -> Iterator[object]:
         """Yield events live from a worker thread; ends with Finished (or Failed). Closing the iterator
-        cancels the generation between steps."""
+        early cancels the generation between steps (`cancel` is left untouched after a normal finish)."""
         cancel = cancel or threading.Event()
         events: queue.Queue = queue.Queue()
 
@@ -190,12 +190,16 @@ class Engine:
 
         worker = threading.Thread(target=work, name="flash-dllm-decode", daemon=True)
         worker.start()
+        finished = False
         try:
             while True:
                 event = events.get()
-                yield event
                 if isinstance(event, (Finished, Failed)):
+                    finished = True
+                yield event
+                if finished:
                     return
         finally:
-            cancel.set()
+            if not finished:  # the consumer stopped early: stop the decode between steps
+                cancel.set()
             worker.join(timeout=30)

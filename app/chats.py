@@ -1,0 +1,191 @@
+"""Chats on disk: one JSON file per chat under ``<data_dir>/chats``, written atomically.
+
+A chat is ``{"id", "title", "created", "updated", "system", "messages": [{"role", "content", "meta"?}]}``
+with plain-string content (what the user typed, what the engine decoded); ``meta`` holds an answer's
+method and speed. Unreadable files are skipped (and named in `ChatStore.problems`), never overwritten.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+TITLE_CHARS = 48
+
+
+@dataclass
+class Chat:
+    id: str
+    title: str = "New chat"
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+    system: str = ""
+    messages: list[dict] = field(default_factory=list)
+
+    def conversation(self) -> list[dict]:
+        """Messages for the engine: the system prompt first (if any), then the turns."""
+        head = [{"role": "system", "content": self.system}] if self.system.strip() else []
+        return head + [{"role": m["role"], "content": m["content"]} for m in self.messages]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def title_from(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+class ChatStore:
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.problems: list[str] = []
+        self._lock = threading.RLock()
+
+    def _path(self, chat_id: str) -> Path:
+        if not re.fullmatch(r"[0-9a-f]{32}", chat_id or ""):
+            raise KeyError(f"no chat with id {chat_id!r}")
+        return self.folder / f"{chat_id}.json"
+
+    def _read(self, path: Path) -> Chat | None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return Chat(id=data["id"], title=data.get("title", "Chat"), created=data.get("created", 0.0),
+                        updated=data.get("updated", 0.0), system=data.get("system", ""),
+                        messages=[m for m in data.get("messages", []) if m.get("role") in ("user", "assistant")])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            note = f"{path.name}: {err}"
+            if note not in self.problems:
+                self.problems.append(note)
+            return None
+
+    def list(self) -> list[Chat]:
+        """Every readable chat, most recently updated first."""
+        with self._lock:
+            chats = [c for c in (self._read(p) for p in self.folder.glob("*.json")) if c is not None]
+        return sorted(chats, key=lambda c: c.updated, reverse=True)
+
+    def get(self, chat_id: str) -> Chat:
+        with self._lock:
+            path = self._path(chat_id)
+            chat = self._read(path) if path.exists() else None
+        if chat is None:
+            raise KeyError(f"no chat with id {chat_id!r}")
+        return chat
+
+    def create(self, title: str = "New chat", system: str = "") -> Chat:
+        chat = Chat(id=uuid.uuid4().hex, title=title, system=system)
+        self.save(chat)
+        return chat
+
+    def get_or_create(self, chat_id: str | None, system: str = "") -> Chat:
+        if chat_id:
+            try:
+                return self.get(chat_id)
+            except KeyError:
+                pass
+        return self.create(system=system)
+
+    def save(self, chat: Chat) -> None:
+        chat.updated = time.time()
+        text = json.dumps(chat.to_dict(), ensure_ascii=False, indent=1)
+        with self._lock:
+            path = self._path(chat.id)
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".json")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    handle.write(text)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+
+    def rename(self, chat_id: str, title: str) -> Chat:
+        title = " ".join((title or "").split())
+        if not title:
+            raise ValueError("a chat title cannot be empty")
+        with self._lock:
+            chat = self.get(chat_id)
+            chat.title = title[:200]
+            self.save(chat)
+        return chat
+
+    def delete(self, chat_id: str) -> None:
+        with self._lock:
+            self._path(chat_id).unlink(missing_ok=True)
+
+    def add_message(self, chat_id: str, role: str, content: str, meta: dict | None = None) -> Chat:
+        with self._lock:
+            chat = self.get(chat_id)
+            message = {"role": role, "content": content}
+            if meta:
+                message["meta"] = meta
+            chat.messages.append(message)
+            if role == "user" and chat.title == "New chat":
+                chat.title = title_from(content) or "New chat"
+            self.save(chat)
+        return chat
+
+    def pop_last(self, chat_id: str, role: str, content: str | None = None) -> bool:
+        """Remove the last message if it has this role (and content); True when one was removed."""
+        with self._lock:
+            chat = self.get(chat_id)
+            if not chat.messages:
+                return False
+            last = chat.messages[-1]
+            if last["role"] != role or (content is not None and last["content"] != content):
+                return False
+            chat.messages.pop()
+            if not chat.messages:
+                chat.title = "New chat"  # the title came from the message taken back
+            self.save(chat)
+        return True
+
+    def put_answer(self, chat_id: str, content: str, meta: dict | None = None, replace: bool = False) -> Chat:
+        """Append an assistant answer, or (regenerate) replace the trailing one."""
+        with self._lock:
+            chat = self.get(chat_id)
+            if replace and chat.messages and chat.messages[-1]["role"] == "assistant":
+                chat.messages.pop()
+            message = {"role": "assistant", "content": content}
+            if meta:
+                message["meta"] = meta
+            chat.messages.append(message)
+            self.save(chat)
+        return chat
+
+
+def to_markdown(chat: Chat) -> str:
+    lines = [f"# {chat.title}", ""]
+    if chat.system.strip():
+        lines += ["**System:**", "", chat.system.strip(), ""]
+    for message in chat.messages:
+        who = "User" if message["role"] == "user" else "Assistant"
+        meta = message.get("meta") or {}
+        note = ""
+        if meta.get("method"):
+            note = f" _({meta['method']}, {meta.get('tokens_per_s', 0):.1f} tok/s)_"
+        lines += [f"**{who}:**{note}", "", message["content"], ""]
+    return "\n".join(lines)
+
+
+def to_json(chat: Chat) -> str:
+    return json.dumps(chat.to_dict(), ensure_ascii=False, indent=2)
+
+
+def export_file(chat: Chat, fmt: str, folder: str | Path) -> Path:
+    """Write the chat as Markdown ("md") or JSON ("json") into ``folder``; returns the file."""
+    if fmt not in ("md", "json"):
+        raise ValueError(f"export format must be md or json (got {fmt!r})")
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", chat.title).strip("-")[:60] or "chat"
+    path = Path(folder) / f"{stem}-{chat.id[:8]}.{fmt}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_markdown(chat) if fmt == "md" else to_json(chat), encoding="utf-8")
+    return path

@@ -1,0 +1,137 @@
+"""`flash-dllm-chat` with no subcommand: load the engine, serve the page on 127.0.0.1, open the browser.
+
+A share link (``--share``) is public: anyone who has it can use this machine's GPU, read and delete the
+chats, and download models, so it is only made when asked, the console and the page say so, and
+``--auth`` protects it. Without network the app still starts and says the link could not be made.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from pathlib import Path
+
+SHARE_WARNING = ("Anyone with the public link can use this machine: its GPU, your chats and the model "
+                 "downloads. The link lasts up to a week while the app runs.")
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    group = parser.add_argument_group("chat app (no subcommand)")
+    group.add_argument("--model", default=None,
+                       help="model folder or Hugging Face repo id (default: the last one used, else the bundled model)")
+    group.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
+    group.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: the model's)")
+    group.add_argument("--kernels", default=None, help="triton or torch (default: triton on CUDA, torch on CPU)")
+    group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    group.add_argument("--port", type=int, default=None, help="port (default: the first free one from 7860)")
+    group.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
+    group.add_argument("--share", action="store_true",
+                       help="ask Gradio for a temporary public link (anyone with it can use this machine)")
+    group.add_argument("--auth", default=None, metavar="USER:PASSWORD|FILE",
+                       help="require a login: user:password, or a file with one user:password per line")
+    return parser
+
+
+class LaunchError(ValueError):
+    """A bad command-line value; the message says what to pass instead."""
+
+
+def parse_auth(value: str | None) -> list[tuple[str, str]] | None:
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else [value]
+    pairs = []
+    for number, line in enumerate(lines, start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, password = line.partition(":")
+        if not sep or not user or not password:
+            where = f"{path}, line {number}" if path.is_file() else "--auth"
+            raise LaunchError(f"{where}: expected user:password")
+        pairs.append((user, password))
+    if not pairs:
+        raise LaunchError(f"--auth {value}: the file holds no user:password line")
+    return pairs
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(ctx, host: str = "127.0.0.1", port: int | None = None, share: bool = False,
+          auth: list[tuple[str, str]] | None = None, inbrowser: bool = False, quiet: bool = True):
+    """Build the page for ``ctx`` and start serving it (returns at once; `demo.close()` stops it)."""
+    from flash_dllm.app.ui import build_ui, page_css
+
+    demo = build_ui(ctx)
+    demo.launch(server_name=host, server_port=port, share=share, auth=auth, inbrowser=inbrowser,
+                prevent_thread_lock=True, quiet=quiet, css=page_css(), show_error=True,
+                auth_message="flash-dllm-chat: this app is password-protected." if auth else None)
+    return demo
+
+
+def share_note(share_url: str | None, auth: bool) -> str:
+    if share_url is None:
+        return ("The public share link could not be made (no network, or the tunnel is blocked); "
+                "the app runs on this machine only.")
+    return f"Shared publicly at {share_url}. {SHARE_WARNING}" + (" Login required." if auth else
+                                                                  " No login: start with --auth to require one.")
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    from flash_dllm.app.chats import ChatStore
+    from flash_dllm.app.models import ModelHost, startup_model
+    from flash_dllm.app.turns import AppContext
+    from flash_dllm.engine import paths
+    from flash_dllm.engine.engine import Engine
+
+    try:
+        auth = parse_auth(getattr(args, "auth", None))
+    except (LaunchError, OSError) as err:
+        print(f"flash-dllm-chat: {err}", file=sys.stderr)
+        return 2
+    name, why = startup_model(args.model)
+    if name is None:
+        print(f"flash-dllm-chat: {why}", file=sys.stderr)
+        return 2
+    print(f"Loading {name} ({why})…", flush=True)
+    try:
+        engine = Engine.load(name, device=args.device, dtype=args.dtype, kernels=args.kernels)
+    except Exception as err:  # HubError, SettingsError, WeightsError, ...: one line, no traceback
+        print(f"flash-dllm-chat: cannot load {name}: {err}", file=sys.stderr)
+        return 1
+    try:
+        paths.remember_model(name)
+    except OSError:
+        pass
+    info = engine.describe()
+    print(f"Loaded {info['model']} on {info['device']} ({info['dtype']}, kernels: {info['kernels']}).", flush=True)
+    ctx = AppContext(ModelHost(engine, args.device, args.dtype, args.kernels, name), ChatStore(paths.data_dir() / "chats"))
+    if not is_loopback(args.host):
+        print(f"Listening on {args.host}: other machines on the network can reach the app"
+              + ("." if auth else "; add --auth user:password to require a login."), flush=True)
+    if args.share:
+        print(f"Asking Gradio for a public share link. {SHARE_WARNING}", flush=True)
+    demo = serve(ctx, args.host, args.port, share=args.share, auth=auth, inbrowser=not args.no_browser, quiet=True)
+    if args.share:
+        ctx.share_note = share_note(getattr(demo, "share_url", None), bool(auth))
+        print(ctx.share_note, flush=True)
+    print(f"flash-dllm-chat is running at {demo.local_url}" + (" (login required)" if auth else "")
+          + "  (Ctrl-C stops it; chats are saved in " + str(paths.data_dir() / "chats") + ")", flush=True)
+    try:
+        demo.block_thread()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        demo.close()
+    return 0

@@ -1,0 +1,142 @@
+"""A generation as the UI drains it: the engine decodes on its worker, the UI takes events in frames.
+
+`LiveRun` starts `Engine.stream` on a pump thread that moves events into a queue as the engine emits them.
+`LiveRun.frames()` hands the UI everything that arrived since its last frame, at most one frame per
+``frame_s``: when steps come slower than the frame rate each step is shown as soon as it happens; when they
+come at hundreds per second, all of a frame's steps are folded (cheaply, see app/canvas.py) and one frame is
+rendered. Nothing is computed ahead and replayed. `RunView` folds a run's events into its canvas and stats.
+"""
+from __future__ import annotations
+
+import html
+import queue
+import threading
+import time
+from typing import Iterator
+
+from flash_dllm.app.canvas import Canvas, empty_canvas_html
+from flash_dllm.engine.engine import Failed, Finished
+from flash_dllm.engine.events import CanvasStart, SequenceDone, StepEvent
+from flash_dllm.engine.metrics import MemoryTracker, RunStats, stats_rows
+
+FRAME_S = 0.05  # at most 20 frames a second reach the browser
+IDLE_S = 0.5  # an empty frame when nothing happened for this long (elapsed time and memory keep moving)
+
+
+def is_terminal(event) -> bool:
+    return isinstance(event, (Finished, Failed))
+
+
+class LiveRun:
+    """One `Engine.stream` call, pumped on a thread so the UI can wait with a deadline."""
+
+    def __init__(self, engine, prompts: list, settings, frame_s: float = FRAME_S, idle_s: float = IDLE_S,
+                 cancel: threading.Event | None = None):
+        self.engine = engine
+        self.prompts = prompts
+        self.settings = settings
+        self.frame_s = frame_s
+        self.idle_s = idle_s
+        self.cancel = cancel or threading.Event()
+        self.events: queue.Queue = queue.Queue()
+        self.event_count = 0
+        self._thread = threading.Thread(target=self._pump, name="flash-dllm-ui-pump", daemon=True)
+
+    def start(self) -> "LiveRun":
+        self._thread.start()
+        return self
+
+    def _pump(self) -> None:
+        stream = self.engine.stream(self.prompts, self.settings, self.cancel)
+        try:
+            for event in stream:
+                self.events.put(event)
+                if is_terminal(event):
+                    return
+        except BaseException as err:  # the UI must always receive a terminal event
+            self.events.put(Failed(f"{type(err).__name__}: {err}"))
+        finally:
+            stream.close()
+
+    def frames(self) -> Iterator[list]:
+        """Lists of events, one list per frame; the last list ends with Finished or Failed."""
+        last = float("-inf")
+        while True:
+            try:
+                batch = [self.events.get(timeout=self.idle_s)]
+            except queue.Empty:
+                yield []
+                continue
+            while not is_terminal(batch[-1]):
+                wait = last + self.frame_s - time.monotonic()
+                try:
+                    batch.append(self.events.get(timeout=wait) if wait > 0 else self.events.get_nowait())
+                except queue.Empty:
+                    break
+            self.event_count += len(batch)
+            last = time.monotonic()
+            yield batch
+            if is_terminal(batch[-1]):
+                return
+
+    def stop(self) -> None:
+        """Ask the engine to stop between steps (the run then finishes with reason "cancelled")."""
+        self.cancel.set()
+
+    def close(self, timeout: float = 30.0) -> None:
+        self.cancel.set()
+        self._thread.join(timeout)
+
+
+class RunView:
+    """Canvas, speed and memory of one run (sequence 0 of its prompts), folded frame by frame."""
+
+    def __init__(self, label: str, engine_info: dict, device=None):
+        self.label = label
+        self.engine_info = engine_info
+        self.canvas: Canvas | None = None
+        self.stats = RunStats()
+        self.memory = MemoryTracker(device)
+        self.result = None
+        self.error: str | None = None
+        self.memory.start()
+
+    def fold(self, batch: list) -> None:
+        for event in batch:
+            if getattr(event, "seq", 0) != 0:
+                continue
+            if isinstance(event, StepEvent):
+                self.canvas.apply(event)
+                self.stats.update(event)
+            elif isinstance(event, CanvasStart):
+                self.canvas = Canvas.from_start(event, label=self.label)
+                self.stats.gen_length = event.gen_length
+            elif isinstance(event, SequenceDone):
+                if self.canvas is not None:
+                    self.canvas.finish_reason = event.finish_reason
+            elif isinstance(event, Finished):
+                self.result = event.results[0] if event.results else None
+                if self.result is not None:
+                    self.stats.finish(self.result)
+            elif isinstance(event, Failed):
+                self.error = event.message
+        self.memory.sample()
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None or self.error is not None
+
+    def canvas_html(self) -> str:
+        if self.canvas is None:
+            return empty_canvas_html(self.error or f"{self.label}: waiting for the engine…")
+        return self.canvas.render()
+
+    def stats_html(self) -> str:
+        return stats_table(stats_rows(self.stats, self.memory.last, self.engine_info,
+                                      self.memory.device_peak, self.memory.ram_peak), f"Live stats · {self.label}")
+
+
+def stats_table(rows: list[tuple[str, str]], title: str = "") -> str:
+    body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    head = f"<div class=\"fd-head\">{html.escape(title)}</div>" if title else ""
+    return f'<div class="fd-stats">{head}<table>{body}</table></div>'

@@ -1,0 +1,290 @@
+"""Chat turns: the streamed `chat` and `regenerate` handlers, and the per-session bookkeeping behind Stop
+and queued messages. Everything the page shows during a turn is folded from engine events (app/live.py)."""
+from __future__ import annotations
+
+import html
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gradio as gr
+
+from flash_dllm.app.canvas import empty_canvas_html
+from flash_dllm.app.chats import Chat, ChatStore
+from flash_dllm.app.live import FRAME_S, LiveRun, RunView
+from flash_dllm.app.models import ModelHost
+from flash_dllm.app.presets import KNOBS, build_settings
+from flash_dllm.engine.settings import SettingsError
+
+# Outputs of `chat` / `regenerate`, in order (app/ui.py wires components in this order).
+OUTPUTS = ("chatbot", "chats", "canvas_a", "stats_a", "canvas_b", "stats_b", "answer_b", "status", "replay",
+           "rec_a", "rec_b", "message")
+MAX_MESSAGE_CHARS = 32_000
+
+
+@dataclass
+class Queued:
+    session: str
+    text: str
+    at: float = field(default_factory=time.time)
+
+
+class Turn:
+    """One chat turn (one or two runs). Stop ends the current run between steps and skips the next one."""
+
+    def __init__(self):
+        self.stopped = threading.Event()
+        self.run: LiveRun | None = None
+
+    def attach(self, run: LiveRun) -> None:
+        self.run = run
+        if self.stopped.is_set():
+            run.stop()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        run = self.run
+        if run is not None:
+            run.stop()
+
+
+class Sessions:
+    """Running turns per browser session (Stop cancels them) and messages queued per chat (shown while they
+    wait for the engine, so a message sent during a generation is visibly kept)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.running: dict[str, set[Turn]] = {}
+        self.pending: dict[str, list[Queued]] = {}
+
+    def queue(self, chat_id: str, session: str, text: str) -> None:
+        with self._lock:
+            self.pending.setdefault(chat_id, []).append(Queued(session, text))
+
+    def unqueue(self, chat_id: str, session: str | None, text: str) -> bool:
+        with self._lock:
+            items = self.pending.get(chat_id, [])
+            for index, item in enumerate(items):
+                if item.session == session and item.text == text:
+                    del items[index]
+                    return True
+        return False
+
+    def queued(self, chat_id: str) -> list[str]:
+        with self._lock:
+            return [item.text for item in self.pending.get(chat_id, [])]
+
+    def drop_session(self, session: str) -> None:
+        with self._lock:
+            for items in self.pending.values():
+                items[:] = [item for item in items if item.session != session]
+            self.running.pop(session, None)
+
+    def begin(self, session: str | None) -> Turn:
+        turn = Turn()
+        with self._lock:
+            self.running.setdefault(session or "", set()).add(turn)
+        return turn
+
+    def end(self, session: str | None, turn: Turn) -> None:
+        with self._lock:
+            self.running.get(session or "", set()).discard(turn)
+
+    def stop(self, session: str | None) -> int:
+        """Stop every running turn of this session; returns how many there were."""
+        with self._lock:
+            turns = list(self.running.get(session or "", set()))
+        for turn in turns:
+            turn.stop()
+        return len(turns)
+
+
+@dataclass
+class AppContext:
+    host: ModelHost
+    store: ChatStore
+    sessions: Sessions = field(default_factory=Sessions)
+    export_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="flash-dllm-export-")))
+    share_note: str = ""
+    frame_s: float = FRAME_S
+    max_message_chars: int = MAX_MESSAGE_CHARS
+
+
+def chat_choices(store: ChatStore) -> list[tuple[str, str]]:
+    return [(chat.title, chat.id) for chat in store.list()]
+
+
+def chat_messages(chat: Chat | None, queued: list[str] = (), live: str | None = None) -> list[dict]:
+    """Chatbot value: saved messages, the answer being decoded, then messages waiting in the queue."""
+    out = [{"role": m["role"], "content": m["content"]} for m in (chat.messages if chat else [])]
+    if live is not None:
+        out.append({"role": "assistant", "content": live})
+    for text in queued:
+        out.append({"role": "user", "content": text})
+        out.append({"role": "assistant", "content": "⏳ queued: waits for the answer being decoded"})
+    return out
+
+
+def note(text: str, kind: str = "") -> str:
+    css = {"warn": " fd-warn", "error": " fd-error"}.get(kind, "")
+    return f'<div class="fd-note{css}">{html.escape(text)}</div>'
+
+
+def settings_meta(view: RunView, settings, model: str | None) -> dict:
+    stats = view.stats
+    return {"method": settings.method, "model": model or "",
+            "tokens_per_s": round(stats.tokens_per_s, 2), "tokens_per_forward": round(stats.tokens_per_forward, 3),
+            "steps": stats.steps, "forward_passes": stats.forward_passes, "elapsed_s": round(stats.elapsed_s, 3),
+            "generated_tokens": stats.generated_tokens, "finish_reason": stats.finish_reason,
+            "settings": settings.to_dict()}
+
+
+def fit_conversation(engine, conversation: list[dict], settings) -> tuple[list[dict], int]:
+    """Leave out the oldest messages until the prompt plus the answer fit the model's context (the system
+    prompt and the last user message always stay). Returns the conversation and how many were left out."""
+    limit = engine.describe().get("max_context")
+    head = conversation[:1] if conversation and conversation[0]["role"] == "system" else []
+    turns, dropped = conversation[len(head):], 0
+    if not limit:
+        return conversation, 0
+    while len(turns) > 1:
+        try:
+            length = len(engine.tokenizer.encode(head + turns, settings.use_chat_template))
+        except ValueError:  # an empty prompt: the engine reports it
+            break
+        if length + settings.gen_length <= limit:
+            break
+        turns, dropped = turns[1:], dropped + 1
+        while len(turns) > 1 and turns[0]["role"] != "user":
+            turns, dropped = turns[1:], dropped + 1
+    return head + turns, dropped
+
+
+def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system: str, method: str,
+              side_by_side: bool, method_b: str, knob_values: tuple, session: str | None, regenerate: bool = False):
+    """Generator of output tuples (see OUTPUTS) for one streamed turn."""
+    values = {name: gr.skip() for name in OUTPUTS}
+
+    def emit(**changes):
+        values.update(changes)
+        return tuple(values[name] for name in OUTPUTS)
+
+    message = message or ""
+    text = message.strip()
+    knobs = dict(zip(KNOBS, knob_values, strict=True))
+    chat = None
+    if not regenerate:
+        if chat_id and session:
+            ctx.sessions.unqueue(chat_id, session, message)
+        if not text:
+            yield emit(status=note("Type a message first.", "warn"))
+            return
+        if len(text) > ctx.max_message_chars:
+            yield emit(status=note(f"The message is {len(text)} characters long; the limit is {ctx.max_message_chars}.",
+                                   "error"), message=message)
+            return
+    try:
+        settings = build_settings(method, **knobs)
+        settings_b = build_settings(method_b, **knobs) if side_by_side else None
+    except (SettingsError, ValueError, TypeError) as err:
+        yield emit(status=note(f"Setting not accepted: {err}", "error"), message=message if not regenerate else gr.skip())
+        return
+    engine = ctx.host.engine
+    if engine is None:
+        yield emit(status=note("No model is loaded: choose one under Model.", "error"), message=message)
+        return
+    chat = ctx.store.get_or_create(chat_id, system or "")
+    if (system or "") != chat.system:
+        chat.system = system or ""
+        ctx.store.save(chat)
+    if regenerate:
+        replace = bool(chat.messages) and chat.messages[-1]["role"] == "assistant"
+        history = chat.messages[:-1] if replace else list(chat.messages)
+        if not history or history[-1]["role"] != "user":
+            yield emit(status=note("Nothing to regenerate: send a message first.", "warn"))
+            return
+        prompt = Chat(chat.id, chat.title, system=chat.system, messages=history).conversation()
+        shown = Chat(chat.id, chat.title, system=chat.system, messages=history)
+    else:
+        replace = False
+        chat = ctx.store.add_message(chat.id, "user", text)
+        prompt, shown = chat.conversation(), chat
+    choices = gr.update(choices=chat_choices(ctx.store), value=chat.id)
+    turn = ctx.sessions.begin(session)
+    runs = [("A", settings)] + ([("B", settings_b)] if settings_b is not None else [])
+    views: list[RunView] = []
+    failure, dropped = None, 0
+    values.update(canvas_b=empty_canvas_html("Side-by-side is off.") if settings_b is None else
+                  empty_canvas_html("B starts when A is done (one generation at a time)."))
+    ctx.host.gpu.acquire()
+    try:
+        engine = ctx.host.engine
+        prompt, dropped = fit_conversation(engine, prompt, settings)
+        for label, run_settings in runs:
+            if turn.stopped.is_set():
+                break
+            view = RunView(label, ctx.host.describe(), engine.device)
+            views.append(view)
+            canvas_key, stats_key = ("canvas_a", "stats_a") if label == "A" else ("canvas_b", "stats_b")
+            run = LiveRun(engine, [prompt], run_settings, frame_s=ctx.frame_s)
+            turn.attach(run)
+            run.start()
+            try:
+                for batch in run.frames():
+                    view.fold(batch)
+                    live = None
+                    if label == "A" and not view.done:
+                        preview = view.canvas.answer_preview() if view.canvas else ""
+                        live = (preview + " ▍") if preview else "▍"
+                    state = f"Decoding ({label}: {run_settings.method}) · step {view.stats.steps}"
+                    updates = {canvas_key: view.canvas_html(), stats_key: view.stats_html(),
+                               "status": note(state)}
+                    updates["chatbot"] = chat_messages(shown, ctx.sessions.queued(chat.id), live)
+                    updates["chats"] = choices
+                    yield emit(**updates)
+            finally:
+                run.close()
+            if view.error:
+                failure = view.error
+                break
+            result = view.result
+            if label == "A":
+                # a stopped turn keeps what it committed; one stopped before any token leaves the question open
+                if result is not None and (result.text or result.finish_reason != "cancelled"):
+                    meta = settings_meta(view, run_settings, ctx.host.name)
+                    shown = ctx.store.put_answer(chat.id, result.text, meta, replace)
+            else:
+                values["answer_b"] = result.text if result is not None else ""
+    finally:
+        ctx.host.gpu.release()
+        ctx.sessions.end(session, turn)
+    if failure is not None and not regenerate and not views[0].result:
+        ctx.store.pop_last(chat.id, "user", text)  # the message goes back to the box, not into the chat
+        shown = ctx.store.get(chat.id)
+        values["message"] = message
+    if failure is not None:
+        status = note(f"{failure}. The engine is ready for the next message.", "error")
+    elif any(v.stats.finish_reason == "cancelled" for v in views) or (turn.stopped.is_set() and len(views) < len(runs)):
+        steps = views[0].stats.steps if views else 0
+        status = note(f"Stopped after {steps} steps; the partial answer is kept.", "warn")
+    else:
+        parts = [f"{v.label}: {v.stats.generated_tokens} tokens in {v.stats.elapsed_s:.2f} s "
+                 f"({v.stats.tokens_per_s:.1f} tok/s, {v.stats.tokens_per_forward:.2f} tokens/forward)" for v in views]
+        status = note("Done. " + " · ".join(parts) + (f" · the {dropped} oldest messages were left out to fit "
+                                                       f"the model's context" if dropped else ""))
+    recordings = [v.canvas for v in views]
+    max_step = max((c.steps for c in recordings if c is not None), default=0)
+    yield emit(
+        chatbot=chat_messages(shown, ctx.sessions.queued(chat.id)),
+        chats=gr.update(choices=chat_choices(ctx.store), value=chat.id),
+        canvas_a=views[0].canvas_html() if views else gr.skip(),
+        stats_a=views[0].stats_html() if views else gr.skip(),
+        canvas_b=views[1].canvas_html() if len(views) > 1 else gr.skip(),
+        stats_b=views[1].stats_html() if len(views) > 1 else gr.skip(),
+        status=status,
+        replay=gr.update(maximum=max(1, max_step), value=max_step, interactive=max_step > 0),
+        rec_a=recordings[0] if recordings else None,
+        rec_b=recordings[1] if len(recordings) > 1 else None,
+    )
