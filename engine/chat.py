@@ -35,7 +35,7 @@ class ChatTokenizer:
         messages = normalise_conversation(conversation)
         if use_chat_template and getattr(self.tokenizer, "chat_template", None):
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        else:  # raw prompt (base models, few-shot evaluation): the last user text as is
+        else:  # raw prompt (base models, few-shot evaluation): the messages' texts as is, joined by blank lines
             text = "\n\n".join(m["content"] for m in messages)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:

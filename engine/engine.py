@@ -43,6 +43,12 @@ class Failed:
     kind: str = "error"
 
 
+def is_out_of_memory(err: BaseException) -> bool:
+    """CUDA raises OutOfMemoryError; the CPU allocator raises a plain RuntimeError that says so."""
+    text = str(err).lower()
+    return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
+
+
 def pick_device(device: str | None) -> torch.device:
     if device in (None, "", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -76,9 +82,9 @@ class Engine:
         """`model` is a local folder or a Hugging Face repo id (downloaded into the HF cache if needed)."""
         from flash_dllm.engine.hub import resolve_model
 
-        folder = resolve_model(str(model), progress=progress)
-        dev = pick_device(device)
+        dev = pick_device(device)  # before any download: a missing GPU must not cost a 16 GB download
         backend = resolve_backend(kernels, dev)
+        folder = resolve_model(str(model), progress=progress)
         weights = load_model(folder, dev, pick_dtype(dtype, dev))
         return cls(weights, load_tokenizer(folder, weights.config), str(model), Path(folder), backend)
 
@@ -127,10 +133,13 @@ class Engine:
             try:
                 self._run(ctx, states)
                 ctx.synchronize()
-            except torch.cuda.OutOfMemoryError:
-                torch.cuda.empty_cache()
+            except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
+                if not is_out_of_memory(err):
+                    raise
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
                 raise EngineError(
-                    f"GPU out of memory for {len(states)} sequence(s) of {max(s.total_len for s in states)} tokens; "
+                    f"out of memory on {self.device.type} for {len(states)} sequence(s) of {max(s.total_len for s in states)} tokens; "
                     "use a shorter answer length, fewer prompts or a smaller model"
                 ) from None
             elapsed = time.perf_counter() - ctx.started

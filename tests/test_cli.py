@@ -1,0 +1,247 @@
+"""The `flash-dllm-chat` command line, run in-process through main(argv) (plus one real console-script run)."""
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import flash_dllm.engine.decode_full as decode_full
+from flash_dllm.app.cli import main
+from flash_dllm.engine.paths import load_app_settings
+
+FAST = ["--method", "llada", "--gen-length", "8", "--block-length", "8", "--steps", "4"]
+JSON_FIELDS = {"text", "token_ids", "forward_passes", "steps", "elapsed_s", "tokens_per_s", "method", "model",
+               "kernels", "verify_passes", "draft_passes", "accepted_drafts", "rejected_drafts", "tokens_per_forward"}
+STATS = re.compile(r"^\[\d+ tokens \| \d+ forward passes \| [\d.]+ tokens/forward \| [\d.]+ tok/s \| [\d.]+ s \| "
+                   r"llada \| torch kernels\]$")
+
+
+def run(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_usage_error(code, out, err, needle):
+    assert code == 2, (code, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err and needle.lower() in err.lower(), err
+
+
+@pytest.fixture(params=["llada", "dream"])
+def family_folder(request, tiny_llada, tiny_dream):
+    return request.param, tiny_llada if request.param == "llada" else tiny_dream
+
+
+def test_generate_text_output(family_folder, capsys):
+    _, folder = family_folder
+    argv = ["generate", "--model", str(folder), "--prompt", "Hello there", *FAST]
+    code, out, err = run(argv + ["--json"], capsys)
+    assert code == 0, err
+    answer = json.loads(out)["text"]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    assert out.startswith(answer + "\n")
+    stats = out[len(answer) + 1:]
+    assert stats.count("\n") == 1 and STATS.match(stats.strip()), stats
+
+
+def test_generate_json_fields(family_folder, capsys):
+    family, folder = family_folder
+    code, out, err = run(["generate", "--model", str(folder), "--prompt", "Hello", "--system", "Be brief.",
+                          *FAST, "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert JSON_FIELDS <= set(doc)
+    assert doc["method"] == "llada" and doc["kernels"] == "torch" and doc["model"] == str(folder.resolve())
+    assert doc["forward_passes"] == doc["steps"] <= 4 and len(doc["token_ids"]) <= 8
+    if doc["finish_reason"] == "length":
+        assert doc["steps"] == 4 and len(doc["token_ids"]) == 8
+    assert doc["draft_passes"] + doc["verify_passes"] == doc["forward_passes"]
+    assert doc["tokens_per_forward"] == round(len(doc["token_ids"]) / doc["forward_passes"], 3)
+    eos = json.loads((folder / "config.json").read_text())["eos_token_id"]
+    assert eos not in doc["token_ids"]
+
+
+def test_every_setting_reaches_the_engine(tiny_llada, capsys):
+    base = ["generate", "--model", str(tiny_llada), "--prompt", "Hello", "--json"]
+    flags = ["--method", "llada", "--gen-length", "8", "--block-length", "4", "--steps", "4", "--threshold", "0.5",
+             "--temperature", "0.7", "--seed", "3", "--cfg-scale", "0.5", "--window", "8", "--lookahead", "0",
+             "--track", "-1", "--gamma", "0.6", "--acceptance", "cumulative", "--cache-mode", "prefix"]
+    code, out, err = run(base + flags, capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["settings"] == dict(doc["settings"], method="llada", gen_length=8, block_length=4, steps=4,
+                                   threshold=0.5, temperature=0.7, seed=3, cfg_scale=0.5, window=8, lookahead=0,
+                                   track=-1, gamma=0.6, acceptance="cumulative", cache_mode="prefix",
+                                   use_chat_template=True)
+    assert doc["forward_passes"] == 2 * doc["steps"]  # classifier-free guidance: two forwards per step
+    plain = json.loads(run(base + FAST, capsys)[1])
+    with_system = json.loads(run(base + FAST + ["--system", "You are terse."], capsys)[1])
+    raw = json.loads(run(base + FAST + ["--no-chat-template"], capsys)[1])
+    assert raw["prompt_tokens"] == len("Hello") < plain["prompt_tokens"] < with_system["prompt_tokens"]
+    assert raw["settings"]["use_chat_template"] is False
+
+
+def test_generate_from_fake_hub(family_folder, fake_hub, capsys):
+    family, folder = family_folder
+    fake_hub.add_repo(f"tiny/{family}", folder)
+    code, out, err = run(["generate", "--model", f"tiny/{family}", "--prompt", "Hello", *FAST, "--json"], capsys)
+    assert code == 0, err
+    local_code, local_out, _ = run(["generate", "--model", str(folder), "--prompt", "Hello", *FAST, "--json"], capsys)
+    assert json.loads(out)["model"] == f"tiny/{family}"
+    assert json.loads(out)["token_ids"] == json.loads(local_out)["token_ids"]
+
+
+def test_batch_file(tiny_llada, tmp_path, capsys):
+    batch = tmp_path / "prompts.txt"
+    batch.write_text("First question\n\nSecond, longer question here\n")
+    code, out, err = run(["generate", "--model", str(tiny_llada), "--batch-file", str(batch), *FAST, "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert len(doc["results"]) == 2 and all(JSON_FIELDS <= set(r) for r in doc["results"])
+    assert doc["tokens"] == sum(len(r["token_ids"]) for r in doc["results"])
+    assert doc["forward_passes"] == sum(r["forward_passes"] for r in doc["results"])
+    assert doc["tokens_per_s"] > 0 and doc["method"] == "llada"
+    code, out, err = run(["generate", "--model", str(tiny_llada), "--batch-file", str(batch), *FAST], capsys)
+    assert code == 0 and out.count("### ") == 2 and out.rstrip().splitlines()[-1].startswith("batch [")
+
+
+def test_last_model_is_remembered(tiny_dream, capsys):
+    assert run(["generate", "--model", str(tiny_dream), "--prompt", "Hi", *FAST], capsys)[0] == 0
+    assert load_app_settings()["last_model"] == str(tiny_dream.resolve())
+    code, out, err = run(["generate", "--prompt", "Hi", *FAST, "--json"], capsys)
+    assert code == 0 and json.loads(out)["model"] == str(tiny_dream.resolve())
+
+
+@pytest.fixture
+def broken_models(tiny_llada, tmp_path):
+    missing = shutil.copytree(tiny_llada, tmp_path / "missing-shard")
+    (missing / "model-00002-of-00002.safetensors").unlink()
+    truncated = shutil.copytree(tiny_llada, tmp_path / "truncated-shard")
+    shard = truncated / "model-00001-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    unsupported = tmp_path / "bert"
+    unsupported.mkdir()
+    (unsupported / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    return {"missing": missing, "truncated": truncated, "unsupported": unsupported}
+
+
+BAD_INPUTS = [
+    (["--prompt", ""], "prompt is empty"),
+    (["--prompt", "   "], "prompt is empty"),
+    (["--prompt", "hi", "--gen-length", "0"], "gen length"),
+    (["--prompt", "hi", "--gen-length", "10", "--block-length", "4"], "multiple of block length"),
+    (["--prompt", "hi", "--gen-length", "16", "--block-length", "8", "--steps", "3"],
+     "multiple of the number of blocks"),
+    (["--prompt", "hi", "--threshold", "0"], "threshold"),
+    (["--prompt", "hi", "--threshold", "1.5"], "threshold"),
+    (["--prompt", "hi " * 40, "--gen-length", "512", "--block-length", "512"], "context"),
+    (["--prompt", "hi", "--method", "nonsense"], "invalid choice"),
+    (["--prompt", "hi", "--gen-length", "eight"], "invalid int"),
+    (["--prompt", "hi", "--device", "cuda"], "cuda"),
+    (["--batch-file", "/nonexistent/prompts.txt"], "cannot read"),
+    ([], "--prompt"),
+]
+
+
+@pytest.mark.parametrize("extra,needle", BAD_INPUTS)
+def test_bad_input_is_one_line_and_exit_2(extra, needle, tiny_llada, capsys):
+    if "cuda" in extra and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert_usage_error(*run(["generate", "--model", str(tiny_llada), "--method", "llada", *extra], capsys), needle)
+
+
+@pytest.mark.parametrize("kind,needle", [("missing", "missing safetensors shard"), ("truncated", "truncated"),
+                                         ("unsupported", "unsupported model type 'bert'")])
+def test_broken_model_is_one_line_and_exit_2(kind, needle, broken_models, capsys):
+    argv = ["generate", "--model", str(broken_models[kind]), "--prompt", "hi", *FAST]
+    assert_usage_error(*run(argv, capsys), needle)
+
+
+def test_offline_without_cache_exit_2(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert_usage_error(*run(["generate", "--model", "org/not-cached", "--prompt", "hi", *FAST], capsys), "offline")
+
+
+def test_unsupported_repo_exit_2(fake_hub, capsys):
+    fake_hub.add_repo("org/bert", extra={"config.json": b'{"model_type": "bert"}', "model.safetensors": b"0" * 1000})
+    assert_usage_error(*run(["generate", "--model", "org/bert", "--prompt", "hi", *FAST], capsys), "unsupported")
+    assert fake_hub.gets(".safetensors") == []
+
+
+def test_out_of_memory_exit_2(tiny_llada, monkeypatch, capsys):
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(decode_full, "forward_hidden", out_of_memory)
+    assert_usage_error(*run(["generate", "--model", str(tiny_llada), "--prompt", "hi", *FAST], capsys), "out of memory")
+
+
+def test_pull_and_models_commands(fake_hub, tiny_dream, capsys):
+    fake_hub.add_repo("tiny/dream", tiny_dream)
+    code, out, err = run(["pull", "tiny/dream"], capsys)
+    assert code == 0, err
+    assert "tiny/dream (dream" in out and "models--tiny--dream" in out
+    code, out, err = run(["models"], capsys)
+    row = next(line for line in out.splitlines() if line.startswith("tiny/dream"))
+    assert "dream" in row and " GB " in row and "models--tiny--dream" in row
+    code, out, err = run(["models", "--json"], capsys)
+    assert "tiny/dream" in [m["name"] for m in json.loads(out)]
+    assert_usage_error(*run(["pull", "not a repo"], capsys), "not a hugging face repo id")
+
+
+def stub_module(monkeypatch, name: str, **attributes) -> types.ModuleType:
+    """Replace a module for one test. The parent package's attribute too: once the real module was imported
+    (by another test), `from package import module` finds that attribute before sys.modules."""
+    module = types.ModuleType(name)
+    module.__dict__.update(attributes)
+    monkeypatch.setitem(sys.modules, name, module)
+    parent, _, child = name.rpartition(".")
+    monkeypatch.setattr(importlib.import_module(parent), child, module, raising=False)
+    return module
+
+
+def test_no_command_launches_the_ui(monkeypatch, capsys):
+    calls = []
+    stub_module(monkeypatch, "flash_dllm.app.launch",
+                add_launch_arguments=lambda parser: parser.add_argument("--port", type=int, default=7860),
+                run=lambda args: calls.append(args.port) or 0)
+    assert run(["--port", "7999"], capsys)[0] == 0 and calls == [7999]
+    assert run([], capsys)[0] == 0 and calls == [7999, 7860]
+
+
+def test_generate_never_touches_the_ui(tiny_llada, monkeypatch, capsys):
+    def forbidden(*args):
+        raise AssertionError("generate imported the UI")
+
+    stub_module(monkeypatch, "flash_dllm.app.launch", add_launch_arguments=forbidden, run=forbidden)
+    assert run(["generate", "--model", str(tiny_llada), "--prompt", "hi", *FAST], capsys)[0] == 0
+
+
+def test_train_tiny_passes_every_argument_to_the_trainer(monkeypatch, capsys):
+    seen = []
+    stub_module(monkeypatch, "flash_dllm.engine.training.train", main=lambda argv: seen.append(argv) or 3)
+    assert run(["train-tiny", "--minutes", "1", "--help"], capsys)[0] == 3
+    assert seen == [["--minutes", "1", "--help"]]
+
+
+def test_installed_console_script(tiny_llada, tmp_path):
+    script = Path(sys.executable).parent / "flash-dllm-chat"
+    assert script.is_file(), "the console script is not installed (pip install -e .)"
+    env = dict(os.environ, FLASH_DLLM_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1")
+    done = subprocess.run([str(script), "generate", "--model", str(tiny_llada), "--prompt", "Hello", *FAST, "--json"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert JSON_FIELDS <= set(json.loads(done.stdout))
