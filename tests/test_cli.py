@@ -245,3 +245,29 @@ def test_installed_console_script(tiny_llada, tmp_path):
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert JSON_FIELDS <= set(json.loads(done.stdout))
+
+
+@pytest.mark.parametrize("method", ["fast-dllm", "flash-cache", "flash-verify"])
+def test_cached_methods_through_the_cli(family_folder, tmp_path, method, capsys):
+    """The Flash settings reach the engine; a batch file runs as one batch; JSON counts draft and verify
+    passes separately and reports the kernel path and the drafts."""
+    _, folder = family_folder
+    batch = tmp_path / "prompts.txt"
+    batch.write_text("What is 12*7?\nhello\n")
+    flags = ["--method", method, "--gen-length", "16", "--block-length", "8", "--window", "4", "--lookahead", "4",
+             "--track", "4", "--threshold", "0.6", "--gamma", "0.2", "--acceptance", "cumulative", "--kernels", "torch"]
+    code, out, err = run(["generate", "--model", str(folder), "--batch-file", str(batch), *flags, "--json"], capsys)
+    assert code == 0, err
+    results = json.loads(out)["results"]
+    assert len(results) == 2 and all(JSON_FIELDS <= set(r) for r in results)
+    for r in results:
+        assert r["method"] == method and r["kernels"] == "torch"
+        assert r["settings"]["window"] == 4 and r["settings"]["track"] == 4 and r["settings"]["gamma"] == 0.2
+        assert r["forward_passes"] == r["draft_passes"] + r["verify_passes"]
+        if method == "flash-verify":
+            assert r["verify_passes"] > 0 and r["accepted_drafts"] + r["rejected_drafts"] > 0
+        else:
+            assert r["verify_passes"] == 0 and r["accepted_drafts"] == r["rejected_drafts"] == 0
+    single = ["generate", "--model", str(folder), "--prompt", "hello", *flags, "--json"]
+    code, out, err = run(single, capsys)
+    assert code == 0 and json.loads(out)["token_ids"] == results[1]["token_ids"]  # batch == single run
