@@ -79,14 +79,7 @@ def run_cached(ctx: DecodeContext, states: list[SequenceState], planner) -> None
     shift = ctx.model.config.shift_logits
     strategy = planner.strategy
     cache = allocate_cache(ctx, states, planner)
-    while True:
-        active = [s for s in states if not s.done]
-        if not active:
-            return
-        if ctx.cancelled():
-            for state in active:
-                state.cancelled = True
-            return
+    while active := ctx.still_decoding(states):
         started = time.perf_counter()
         cells_per_seq = [strategy.candidates(s) for s in active]
         queries = [draft_query(s, planner.queries(s, cells), cells, shift, planner.tracks_attention)

@@ -28,6 +28,15 @@ class DecodeContext:
     def cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
 
+    def still_decoding(self, states: list[SequenceState]) -> list[SequenceState]:
+        """The sequences left to decode; none once the user cancelled (they are marked cancelled)."""
+        active = [s for s in states if not s.done]
+        if active and self.cancelled():
+            for state in active:
+                state.cancelled = True
+            return []
+        return active
+
     def synchronize(self) -> None:
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)

@@ -51,14 +51,7 @@ def candidate_logits(ctx: DecodeContext, states, cells_per_row, mask_prompt=Fals
 def run_full(ctx: DecodeContext, states: list[SequenceState], strategy) -> None:
     """Decode until every sequence is done or cancelled. `strategy` supplies candidates and selection."""
     cfg_scale = ctx.settings.cfg_scale
-    while True:
-        active = [s for s in states if not s.done]
-        if not active:
-            return
-        if ctx.cancelled():
-            for state in active:
-                state.cancelled = True
-            return
+    while active := ctx.still_decoding(states):
         started = time.perf_counter()
         cells_per_row = [strategy.candidates(s) for s in active]
         logits = candidate_logits(ctx, active, cells_per_row)
