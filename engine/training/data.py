@@ -1,0 +1,70 @@
+"""The chat data of the bundled tiny model: a mixture of checkable task families, and their checkers.
+
+Families (each a module ``tasks_*.py``):
+* ``word``      3-5-operation word problems with worked steps, held out by whole templates;
+* ``arith``     direct questions: 2-digit and 3-digit addition, 3-digit subtraction, the times table;
+* ``lists``     sort, reverse, count, largest, second largest;
+* ``multi``     several valid answers with dependent tokens (different numbers, permutations, sums);
+* ``multiturn`` follow-ups on the previous answer ("now double it");
+* ``chat``      templated small talk.
+
+``sample(rng, "train")`` draws a training conversation; ``test_set(family, n)`` returns a fixed, seeded list of
+held-out items; ``check(example, text)`` says whether a reply is correct (any valid one for ``multi``).
+"""
+from __future__ import annotations
+
+import random
+
+from . import tasks_arith, tasks_chat, tasks_lists, tasks_multi, tasks_word
+from .tasks_base import Example, Generator
+
+GENERATORS: dict[str, Generator] = {}
+CHECKERS = {}
+for _module in (tasks_word, tasks_arith, tasks_lists, tasks_multi, tasks_chat):
+    GENERATORS.update(_module.GENERATORS)
+    CHECKERS.update(_module.CHECKERS)
+
+FAMILIES = ("word", "arith", "lists", "multi", "multiturn", "chat")
+# Shares of training conversations. Word problems get the most because their chains are the slowest to
+# learn (the probe's last family to saturate) and their answers are the longest.
+TRAIN_MIX = {"word": 0.34, "arith": 0.13, "lists": 0.16, "multi": 0.17, "multiturn": 0.12, "chat": 0.08}
+SYSTEM_PROMPTS = ["You are a helpful assistant.", "You are Flash Tiny, a small diffusion language model.",
+                  "Answer briefly and show your steps.", "You are a friendly math tutor."]
+SYSTEM_RATE = 0.1  # share of conversations that open with a system message (the template supports it)
+TEST_SEED = 20261202
+
+
+def sample(rng: random.Random, split: str = "train", family: str | None = None) -> Example:
+    family = family or rng.choices(list(TRAIN_MIX), list(TRAIN_MIX.values()))[0]
+    example = GENERATORS[family](rng, split)
+    if rng.random() < SYSTEM_RATE:
+        example.messages.insert(0, {"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
+    return example
+
+
+def check(example: Example, text: str) -> bool:
+    return CHECKERS[example.family](example, text)
+
+
+def prompt_key(example: Example) -> str:
+    return "\n".join(f"{m['role']}: {m['content']}" for m in example.messages)
+
+
+def test_set(family: str, n: int, seed: int = TEST_SEED) -> list[Example]:
+    """``n`` held-out items of one family, the same on every machine and run.
+
+    Prompts are distinct where the family has enough of them; the small ones (chat) repeat prompts.
+    """
+    rng = random.Random(f"{seed}-{family}")
+    items, seen = [], set()
+    for _ in range(n * 20):
+        if len(items) == n:
+            break
+        example = sample(rng, "test", family)
+        key = prompt_key(example)
+        if key not in seen:
+            seen.add(key)
+            items.append(example)
+    while len(items) < n:
+        items.append(sample(rng, "test", family))
+    return items

@@ -1,0 +1,141 @@
+"""The training data generator: every reference answer checks out, wrong answers fail, splits never meet."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from flash_dllm.engine.training import data, tasks_word
+from flash_dllm.engine.training.tasks_base import Example, held_out
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+@pytest.mark.parametrize("family", data.FAMILIES)
+def test_reference_answers_check_out(family, split):
+    rng = random.Random(f"{family}-{split}")
+    for _ in range(300):
+        example = data.sample(rng, split, family)
+        assert example.family == family
+        assert example.messages[-1]["role"] == "user"
+        assert data.check(example, example.response), (example.messages, example.response)
+        assert data.check(example, "  " + example.response + "\n")  # surrounding whitespace is not an error
+
+
+def test_word_problem_arithmetic_is_right():
+    """Recompute every worked line: 'a op b = c' must hold and the last result is the answer."""
+    rng = random.Random(3)
+    ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "×": lambda a, b: a * b, "÷": lambda a, b: a // b}
+    import re
+
+    for _ in range(500):
+        example = data.sample(rng, "test", "word")
+        steps = re.findall(r"(\d+) ([-+×÷]) (\d+) = (\d+)", example.response)
+        assert 3 <= example.meta["ops"] <= 5 and len(steps) == example.meta["ops"]
+        for a, op, b, c in steps:
+            assert ops[op](int(a), int(b)) == int(c)
+            assert op != "÷" or int(a) % int(b) == 0
+            assert 0 <= int(c) <= 999
+        assert example.response.endswith(f"The answer is {example.meta['answer']}.")
+
+
+def test_wrong_answers_are_rejected():
+    rng = random.Random(5)
+    for family in ("word", "arith", "lists", "multiturn"):
+        for _ in range(50):
+            example = data.sample(rng, "test", family)
+            last = example.response.rstrip(".").split()[-1]
+            wrong = example.response[: example.response.rfind(last)] + ("9" + last if last.isdigit() else "x") + "."
+            assert not data.check(example, wrong), (example.response, wrong)
+    assert not data.check(data.sample(rng, "test", "chat"), "I am a banana.")
+
+
+def _multi(kind: str, rng) -> Example:
+    from flash_dllm.engine.training.tasks_multi import multi_answer
+
+    return multi_answer(rng, "test", kind)
+
+
+def test_multi_answer_checker_accepts_any_valid_answer_and_rejects_collisions():
+    rng = random.Random(7)
+    perm = _multi("perm_digits", rng)
+    digits = perm.meta["items"]
+    head = perm.meta["head"]
+    assert data.check(perm, f"{head}: {' '.join(reversed(digits))}.")
+    assert not data.check(perm, f"{head}: {' '.join([digits[0]] * len(digits))}.")  # one pass per block
+    distinct = _multi("distinct", rng)
+    valid = [str(v) for v in distinct.meta["valid"]]
+    n = distinct.meta["n"]
+    assert data.check(distinct, f"{distinct.meta['head']}: {', '.join(valid[:n])}.")
+    assert data.check(distinct, f"{distinct.meta['head']}: {', '.join(valid[-n:])}.")
+    assert not data.check(distinct, f"{distinct.meta['head']}: {', '.join([valid[0]] * n)}.")
+    assert not data.check(distinct, f"{distinct.meta['head']}: {', '.join(valid[:n - 1])}.")
+    pair = _multi("sum_pair", rng)
+    total = pair.meta["n"]
+    assert data.check(pair, f"1 + {total - 1} = {total}.")
+    assert not data.check(pair, f"5 + 5 = {total}.") or total == 10
+    category = _multi("category", rng)
+    items = category.meta["valid"]
+    assert data.check(category, f"{category.meta['head']}: {', '.join(items[:category.meta['n']])}.")
+    assert not data.check(category, f"{category.meta['head']}: {', '.join([items[0]] * category.meta['n'])}.")
+
+
+def test_word_problem_templates_are_held_out():
+    train_frames, test_frames = tasks_word.frames("train"), tasks_word.frames("test")
+    assert not train_frames & test_frames
+    rng = random.Random(11)
+    for split, allowed in (("train", train_frames), ("test", test_frames)):
+        for _ in range(1000):
+            assert set(data.sample(rng, split, "word").meta["frames"]) <= allowed
+
+
+def test_hashed_families_never_share_a_prompt_across_splits():
+    """arith (but the 144 times-table facts, all trained), lists and the hashed multi kinds."""
+    def keys(example):
+        if example.family == "multi" and example.kind == "category":
+            return None  # only ~100 prompts exist: shared by design, the answers are what is scored
+        if example.family == "arith" and example.kind == "mul":
+            return None
+        return example.messages[-1]["content"]
+
+    for family in ("arith", "lists", "multi"):
+        test_prompts = {keys(e) for e in data.test_set(family, 500)} - {None}
+        rng = random.Random(family)
+        train_prompts = {keys(data.sample(rng, "train", family)) for _ in range(5000)} - {None}
+        assert not test_prompts & train_prompts, family
+
+
+def test_held_out_share_is_about_ten_percent():
+    share = sum(held_out("add2", a, b) for a in range(10, 100) for b in range(a, 100)) / (90 * 91 / 2)
+    assert 0.07 < share < 0.13
+
+
+def test_test_sets_are_fixed_and_prefix_stable():
+    for family in data.FAMILIES:
+        small, large = data.test_set(family, 20), data.test_set(family, 60)
+        assert [e.response for e in small] == [e.response for e in large[:20]]
+        assert [e.messages for e in small] == [e.messages for e in data.test_set(family, 20)]
+
+
+def test_prompt_template_matches_the_jinja_chat_template(tmp_path):
+    from transformers import AutoTokenizer
+
+    from flash_dllm.engine.training import bpe
+
+    rng = random.Random(13)
+    examples = [data.sample(rng) for _ in range(3000)]
+    tokenizer = bpe.train_tokenizer([bpe.render_prompt(e.messages) + e.response + bpe.EOT for e in examples])
+    bpe.save_tokenizer(tokenizer, tmp_path)
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    multi_turn = data.sample(rng, "test", "multiturn")
+    with_system = [{"role": "system", "content": "You are a helpful assistant."}] + multi_turn.messages
+    for messages in (multi_turn.messages, with_system, examples[0].messages):
+        assert hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == bpe.render_prompt(messages)
+    for example in examples[:200]:
+        ids = tokenizer.encode(example.response).ids
+        assert tokenizer.decode(ids) == example.response
+    # digits are single tokens (the first may carry the space): numbers stay digit-aligned
+    pieces = tokenizer.encode("The answer is 4096.").tokens
+    assert [p for p in pieces if any(c.isdigit() for c in p)] == ["Ġ4", "0", "9", "6"]
+    ids = bpe.special_ids(tokenizer)
+    assert sorted(ids.values()) == list(range(6))
+    assert hf.mask_token == bpe.MASK and hf.eos_token == bpe.EOS and hf.bos_token == bpe.BOS
