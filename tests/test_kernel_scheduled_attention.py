@@ -7,26 +7,14 @@ Tolerances (relative Frobenius-norm error vs the reference), for the output and 
   fp32 1e-5; fp16 2e-3; bf16 1e-2 (one rounding of the output on each side; on the GPU the kernel also
   feeds bf16 probabilities to the P.V product, and the interpreter stores bf16 by truncation).
 """
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported (conftest does the same)
+from kernel_testing import DEVICE, TOL, needs_gpu, needs_triton, rel_err  # noqa: F401  (sets TRITON_INTERPRET first)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from flash_dllm.kernels import interpreting  # noqa: E402
 from flash_dllm.kernels.scheduled_attention import build_plan, scheduled_attention, scheduled_attention_reference  # noqa: E402
 
-DEVICE = "cpu" if interpreting() else ("cuda" if torch.cuda.is_available() else None)
-pytestmark = pytest.mark.skipif(DEVICE is None, reason="Triton needs TRITON_INTERPRET=1 or a CUDA device")
-needs_gpu = pytest.mark.skipif(DEVICE != "cuda", reason="full model shapes run on a CUDA device only")
-
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-
-
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    expected = expected.double()
-    return ((actual.double() - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+pytestmark = needs_triton
 
 
 class Batch:
