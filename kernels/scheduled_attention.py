@@ -107,7 +107,6 @@ def scheduled_attention_reference(
     score_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-sequence loop in plain torch, fp32 softmax. q: [N, Hq*Dh]; caches [R, Hkv*Dh]; returns [N, Hq*Dh]."""
-    n_rows = q.shape[0]
     head_dim = q.shape[1] // n_heads
     group = n_heads // n_kv_heads
     scale = 1.0 / math.sqrt(head_dim)
