@@ -112,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         paths.remember_model(name)
-    except OSError:
-        pass
+    except OSError as err:  # the app still runs; only the 'last model' memory is lost
+        print(f"flash-dllm-chat: could not save the last model used ({err})", file=sys.stderr)
     info = engine.describe()
     print(f"Loaded {info['model']} on {info['device']} ({info['dtype']}, kernels: {info['kernels']}).", flush=True)
     ctx = AppContext(ModelHost(engine, args.device, args.dtype, args.kernels, name), ChatStore(paths.data_dir() / "chats"))

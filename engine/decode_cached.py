@@ -41,7 +41,7 @@ def allocate_cache(ctx: DecodeContext, states: list[SequenceState], planner) -> 
 
 def run_forward(ctx: DecodeContext, cache: KVCache, queries: list[SeqQuery], scores: bool,
                 given: torch.Tensor | None = None):
-    step, _ = pack(cache, queries)
+    step = pack(cache, queries)
     if scores:
         cache.scores.zero_()
     hidden = forward_cached(ctx.model, cache.k, cache.v, step, ctx.backend, cache.scores if scores else None)

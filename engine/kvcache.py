@@ -28,10 +28,6 @@ class KVCache:
         self.scores = torch.zeros(rows, dtype=torch.float32, device=model.device)
         self.keep = torch.ones(rows, dtype=torch.int8, device=model.device)
 
-    @property
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
-
     def row(self, slot: int, position: int) -> int:
         return slot * self.slot_len + position
 
@@ -53,8 +49,8 @@ class SeqQuery:
     exclude: list[int] | None = None  # sequence positions whose cache rows the step must not read
 
 
-def pack(cache: KVCache, queries: list[SeqQuery], block_m: int = 64) -> tuple[CachedStep, list[int]]:
-    """Pack the sequences' queries into one step; returns the step and, per readout, its packed row."""
+def pack(cache: KVCache, queries: list[SeqQuery], block_m: int = 64) -> CachedStep:
+    """Pack the sequences' queries into one step (readouts in query order become step.hidden_rows)."""
     device = cache.k.device
     tokens, positions, write_rows, readout_rows, score_rows = [], [], [], [], []
     q_lens, kv_starts, kv_lens, inq_starts = [], [], [], []
@@ -101,8 +97,7 @@ def pack(cache: KVCache, queries: list[SeqQuery], block_m: int = 64) -> tuple[Ca
         inq_mask=inq_mask.to(device, non_blocking=True) if inq_mask is not None else None,
         score_query=score_query,
     )
-    step = CachedStep(
+    return CachedStep(
         token_ids=dev(tokens), positions=dev(positions), write_rows=dev(write_rows), plan=plan,
         hidden_rows=dev(readout_rows),
     )
-    return step, readout_rows

@@ -46,7 +46,6 @@ class FlashCachePlanner:
         self.track = settings.track
         self.shift = shift
         self.verify = verify
-        self.settings = settings
         self.most_attended: dict[int, list[int]] = {}  # per sequence, from the previous step
 
     def queries(self, state: SequenceState, cells: list[int]) -> list[int]:

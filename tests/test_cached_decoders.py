@@ -118,7 +118,7 @@ def one_layer_engine(tmp_path: Path, family: str) -> Engine:
 
 
 def logits_of(engine: Engine, cache: KVCache, query: SeqQuery) -> torch.Tensor:
-    step, _ = pack(cache, [query])
+    step = pack(cache, [query])
     return lm_logits(engine.model, forward_cached(engine.model, cache.k, cache.v, step, "torch"))
 
 
