@@ -88,6 +88,29 @@ def test_word_problem_templates_are_held_out():
             assert set(data.sample(rng, split, "word").meta["frames"]) <= allowed
 
 
+def test_held_out_word_problems_use_only_words_seen_in_training():
+    """Held-out templates are new phrasings of known parts: no word of a test problem is new to training."""
+    import re
+
+    rng = random.Random(12)
+    seen = set()
+    for _ in range(20000):
+        seen |= set(re.findall(r"[A-Za-z']+", data.sample(rng, "train", "word").messages[-1]["content"]))
+    for example in data.test_set("word", 300):
+        words = set(re.findall(r"[A-Za-z']+", example.messages[-1]["content"]))
+        assert words <= seen, words - seen
+
+
+def test_every_held_out_template_recombines_trained_parts():
+    """Each held-out core's verb is trained in another structure and its structure with another verb."""
+    cores = tasks_word.CORES
+    for core in (c for c in cores if c.test):
+        siblings = [c for c in cores if c.op == core.op and not c.test]
+        assert siblings, core
+        words = set(core.text.split())
+        assert any(len(words & set(c.text.split())) >= len(words) - 2 for c in siblings), core
+
+
 def test_hashed_families_never_share_a_prompt_across_splits():
     """arith (but the 144 times-table facts, all trained), lists and the hashed multi kinds."""
     def keys(example):

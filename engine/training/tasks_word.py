@@ -1,17 +1,22 @@
 """Multi-step word problems (3-5 operations, 2-3-digit numbers) with worked steps.
 
-Held out by *template*: every sentence frame (opening, each event, the question) belongs to either the
-training pool or the held-out pool, and a test problem is built from held-out frames only. The held-out
-frames reuse the cue words of training frames ("more", "another", "half", "equal", "gives ... to") in new
-phrasings, so the mapping sentence -> operation can be generalised but never memorised.
+Held out by *template*. Every sentence is a *core* (a sentence structure with one verb or cue phrase in it)
+plus neutral noise around it (a lead such as "Later, " and a place such as " at the fair"). Cores are the
+templates: each one belongs to the training pool or to the held-out pool, never both, and a test problem
+is built from held-out cores only (opening, every event and the question). The split is a Latin square
+over (structure, verb): every verb is trained in most structures and every structure with most verbs, but
+the held-out pairings ("Mia finds another 12 apples" when training only ever said "finds 12 more" and "buys
+another 12") never occur in training. So the reading of a held-out problem can be generalised from parts
+the model knows, never memorised, and no held-out word is new (a test checks that).
 
 The worked answer never echoes the verb, only the arithmetic ("Then 152 - 35 = 117."): the reply format of a
-held-out problem is therefore the same as for a training one, and only the reading of the prompt is new.
-Intermediate numbers depend on earlier generated ones, which is what makes these chains sequential.
+held-out problem is the same as for a training one; only the reading of the prompt is new. Intermediate
+numbers depend on earlier generated ones, which is what makes these chains sequential.
 """
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 from .tasks_base import Example, integers, retry, user
 
@@ -27,38 +32,78 @@ OBJECTS = [
 ]
 CONTAINERS = [("boxes", "box"), ("bags", "bag"), ("jars", "jar"), ("baskets", "basket"), ("packs", "pack"),
               ("crates", "crate"), ("bowls", "bowl"), ("trays", "tray")]
-PREFIXES = ["", "", "Then ", "Later, ", "Next, ", "After that, "]  # only before frames that start with a name
+# Noise around an event: neither decides the operation, both are drawn freely in either split.
+LEADS = ["", "", "", "Then ", "Later, ", "Next, ", "After that, ", "The next day, ", "In the evening, "]
+PLACES = ["", "", "", " at the fair", " at the market", " at school", " in the garden", " at the park",
+          " on the way home", " after lunch"]
 
-# (frame, fixed factor or None). Training frames first, held-out frames second in each pair of lists.
-ADD = (["{N} buys {x} more {obj}.", "{N} finds {x} more {obj}.", "{M} gives {N} {x} {obj}.",
-        "{N} picks up {x} more {obj}.", "{N} gets {x} {obj} from {M}.", "{N} wins {x} {obj} at the fair.",
-        "{N} collects {x} more {obj}.", "{N} buys another {x} {obj}.", "{N}'s friend {M} brings {x} more {obj}.",
-        "{N} earns {x} more {obj}.", "{M} sends {N} {x} {obj}.", "{N} makes {x} more {obj}."],
-       ["{N} finds another {x} {obj} in the garden.", "{M} brings {N} {x} more {obj}.",
-        "{N} is given {x} more {obj} by {M}.", "At the shop, {N} buys {x} more {obj}."])
-SUB = (["{N} gives {x} {obj} to {M}.", "{N} loses {x} {obj}.", "{N} sells {x} {obj}.", "{N} uses {x} {obj}.",
-        "{M} takes {x} {obj} from {N}.", "{N} gives away {x} {obj}.", "{N} throws away {x} {obj}.",
-        "{N} lends {x} {obj} to {M}.", "{N} spends {x} {obj}.", "{N} trades away {x} {obj}."],
-       ["{N} sells {x} of the {obj} to {M}.", "Sadly, {N} loses {x} of the {obj}.",
-        "{N} gives {x} of the {obj} away to {M}.", "{M} takes away {x} of {N}'s {obj}."])
-MUL = ([("{N} doubles the number of {obj}.", 2), ("The number of {obj} that {N} has triples.", 3),
-        ("{N} now has {k} times as many {obj} as before.", None), ("{N} doubles the {obj}.", 2)],
-       [("{N} manages to double the {obj}.", 2), ("Now {N} has {k} times as many {obj}.", None)])
-DIV = ([("{N} gives away half of the {obj}.", 2), ("{N} splits the {obj} into {k} equal piles and keeps one pile.", None),
-        ("{N} keeps only a third of the {obj}.", 3), ("{N} loses half of the {obj}.", 2)],
-       [("{N} divides the {obj} into {k} equal groups and keeps one group.", None), ("{N} sells half of the {obj}.", 2)])
-GROUP_ADD = (["{N} buys {k} {cont} with {b} {obj} in each {cont1}.", "{M} gives {N} {k} {cont} of {b} {obj} each.",
-              "{N} finds {k} {cont} with {b} {obj} in each."],
-             ["{N} picks up {k} {cont}, and each {cont1} holds {b} {obj}."])
-GROUP_SUB = (["{N} sells {k} {cont} with {b} {obj} in each {cont1}.", "{N} gives away {k} {cont} of {b} {obj} each."],
-             ["{N} packs {k} {cont} with {b} {obj} in each {cont1} and gives them to {M}."])
-OPEN = (["{N} has {a} {obj}.", "At first, {N} has {a} {obj}.", "{N} starts with {a} {obj}."],
-        ["{N} begins the day with {a} {obj}.", "In the morning, {N} has {a} {obj}."])
-OPEN_GROUPS = (["{N} has {k} {cont} with {b} {obj} in each {cont1}.", "{N} has {k} {cont} of {b} {obj} each."],
-               ["{N} owns {k} {cont}, and each {cont1} holds {b} {obj}."])
-QUESTION = (["How many {obj} does {N} have now?", "How many {obj} does {N} have at the end?",
-             "How many {obj} does {N} have left?"],
-            ["What is the final number of {obj} that {N} has?", "In the end, how many {obj} does {N} have?"])
+
+@dataclass(frozen=True)
+class Core:
+    """One template: a structure with its verb filled in, the operation it means and its fixed factor."""
+
+    text: str  # e.g. "{N} finds another {x} {obj}" (no final period)
+    op: str  # add, sub, mul, div, group_add, group_sub, open, open_groups, question
+    factor: int | None = None  # mul/div: the multiplier or divisor the cue means (None: "{k}" in the text)
+    test: bool = False
+
+
+def _square(op, structures, verbs, factor_of=None, period=4):
+    """Cores of every (structure, verb) pair; the pairs with (i + j) % period == 0 are held out."""
+    out = []
+    for i, structure in enumerate(structures):
+        for j, verb in enumerate(verbs):
+            factor = factor_of(verb) if factor_of else None
+            out.append(Core(structure.replace("{v}", verb), op, factor, (i + j) % period == 0))
+    return out
+
+
+ADD_VERBS = ["buys", "finds", "picks up", "wins", "collects", "earns", "makes", "gets", "receives", "gathers"]
+SUB_VERBS = ["loses", "sells", "uses", "gives away", "throws away", "spends", "trades away", "drops", "breaks",
+             "donates"]
+TRANSFER_VERBS = ["gives", "sends", "hands", "passes", "mails"]  # the subject is the one who loses them
+GROUP_STRUCTURES = ["{N} {v} {k} {cont} with {b} {obj} in each {cont1}", "{N} {v} {k} {cont} of {b} {obj} each",
+                    "{N} {v} {k} {cont}, and each {cont1} holds {b} {obj}", "{N} {v} {k} {cont} that each hold {b} {obj}"]
+FRACTIONS = {"half": 2, "a third": 3, "a quarter": 4}
+TIMES = {"twice": 2, "three times": 3, "four times": 4}
+MULTIPLIES = {"doubles": 2, "triples": 3}
+OWN_VERBS = ["has", "owns", "starts with", "begins with", "keeps"]
+
+CORES: list[Core] = (
+    _square("add", ["{N} {v} {x} more {obj}", "{N} {v} another {x} {obj}", "{N} also {v} {x} {obj}",
+                    "{N} {v} {x} new {obj}"], ADD_VERBS)
+    + _square("sub", ["{N} {v} {x} {obj}", "{N} {v} {x} of the {obj}", "{N} also {v} {x} {obj}",
+                      "{N} {v} {x} of those {obj}"], SUB_VERBS)
+    # the direction of a transfer is read from who is the subject: the same verbs add and subtract
+    + _square("add", ["{M} {v} {N} {x} {obj}", "{M} {v} {x} {obj} to {N}", "{M} {v} {x} more {obj} to {N}"],
+              TRANSFER_VERBS, period=3)
+    + _square("sub", ["{N} {v} {M} {x} {obj}", "{N} {v} {x} {obj} to {M}", "{N} {v} {x} of the {obj} to {M}"],
+              TRANSFER_VERBS, period=3)
+    + _square("mul", ["{N} {v} the {obj}", "{N} {v} the number of {obj}", "The number of {obj} that {N} has {v}"],
+              list(MULTIPLIES), MULTIPLIES.get, period=3)
+    + _square("mul", ["{N} now has {v} as many {obj}", "{N} ends up with {v} as many {obj}",
+                      "Now {N} has {v} as many {obj} as before"], list(TIMES), TIMES.get, period=3)
+    + _square("mul", ["{N} now has {k} times as many {obj}", "{N} ends up with {k} times as many {obj}"], [""],
+              period=2)
+    + _square("div", ["{N} keeps {v} of the {obj}", "{N} keeps only {v} of the {obj}", "{N} is left with {v} of the {obj}"],
+              list(FRACTIONS), FRACTIONS.get, period=3)
+    + _square("div", ["{N} {v} half of the {obj}"], ["gives away", "loses", "sells", "uses"], lambda v: 2)
+    + _square("div", ["{N} {v} the {obj} into {k} equal piles and keeps one pile",
+                      "{N} {v} the {obj} into {k} equal groups and keeps one group",
+                      "{N} {v} the {obj} into {k} equal parts and keeps one part"], ["splits", "divides", "sorts"],
+              period=3)
+    + _square("group_add", GROUP_STRUCTURES, ["buys", "finds", "gets", "wins", "receives", "picks up"])
+    + _square("group_sub", GROUP_STRUCTURES, ["sells", "gives away", "loses", "trades away", "donates"])
+    + _square("open", ["{N} {v} {a} {obj}", "At first, {N} {v} {a} {obj}", "In the morning, {N} {v} {a} {obj}",
+                       "On Monday, {N} {v} {a} {obj}"], OWN_VERBS)
+    + _square("open_groups", GROUP_STRUCTURES[:3], OWN_VERBS, period=3)
+    + _square("question", ["How many {obj} does {N} have{v}", "How many {obj} does {N} own{v}",
+                           "What number of {obj} does {N} have{v}", "How many {obj} are with {N}{v}"],
+              [" now", " at the end", " in the end", " after all that", " at the end of the day"])
+)
+_BY_OP: dict[tuple[str, bool], list[Core]] = {}
+for _core in CORES:
+    _BY_OP.setdefault((_core.op, _core.test), []).append(_core)
 
 OP_WEIGHTS = {"add": 3.0, "sub": 3.0, "mul": 1.0, "div": 1.0, "group_add": 1.2, "group_sub": 1.0}
 TRAIN_OP_COUNTS = ([2, 3, 4, 5], [1, 3, 3, 3])  # a few 2-step problems help the chains start to train
@@ -67,26 +112,22 @@ MAX_VALUE = 999  # every intermediate result stays within three digits
 
 
 def frames(split: str) -> set[str]:
-    """Every sentence frame of one split (tests check that the two never meet)."""
-    index = 1 if split == "test" else 0
-    out = set()
-    for pair in (ADD, SUB, GROUP_ADD, GROUP_SUB, OPEN, OPEN_GROUPS, QUESTION):
-        out.update(pair[index])
-    for pair in (MUL, DIV):
-        out.update(frame for frame, _ in pair[index])
-    return out
+    """Every template (core) of one split (tests check that the two never meet)."""
+    return {core.text for core in CORES if core.test == (split == "test")}
 
 
-def _pool(pair, split):
-    return pair[1] if split == "test" else pair[0]
+def _pick(rng: random.Random, op: str, split: str) -> Core:
+    return rng.choice(_BY_OP[(op, split == "test")])
 
 
-def _sentence(rng: random.Random, frame: str, prefix: bool = True, **slots) -> str:
-    slots["used"].append(frame)
-    text = frame.format(**slots)
-    if prefix and (frame.startswith("{N}") or frame.startswith("{M}")):
-        text = rng.choice(PREFIXES) + text
-    return text
+def _sentence(rng: random.Random, core: Core, slots: dict, noise: bool = True) -> str:
+    slots["used"].append(core.text)
+    text = core.text.format(**slots)
+    if noise and core.text.startswith(("{N}", "{M}")):
+        text = rng.choice(LEADS) + text
+        if core.op in ("add", "sub"):
+            text += rng.choice(PLACES)
+    return text + "."
 
 
 def _feasible(cur: int, remaining: int) -> list[str]:
@@ -97,7 +138,7 @@ def _feasible(cur: int, remaining: int) -> list[str]:
         ops.append("sub")
     if cur * 2 <= MAX_VALUE:
         ops.append("mul")
-    if any(cur % k == 0 and cur // k >= 10 for k in range(2, 10)):
+    if any(cur % k == 0 and cur // k >= 10 for k in range(2, 6)):
         ops.append("div")
     if remaining >= 2 and cur <= MAX_VALUE - 20:
         ops.append("group_add")
@@ -107,36 +148,31 @@ def _feasible(cur: int, remaining: int) -> list[str]:
 
 
 def _step(rng, op, cur, split, slots):
-    """Returns (sentence, worked line, new value, operations used) for one event."""
-    if op == "add":
-        x = rng.randint(10, min(499, MAX_VALUE - cur))
-        return _sentence(rng, rng.choice(_pool(ADD, split)), x=x, **slots), f"{cur} + {x} = {cur + x}", cur + x, 1
-    if op == "sub":
-        x = rng.randint(10, cur - 10)
-        return _sentence(rng, rng.choice(_pool(SUB, split)), x=x, **slots), f"{cur} - {x} = {cur - x}", cur - x, 1
-    if op == "mul":
-        frame, k = rng.choice(_pool(MUL, split))
-        k = k or rng.choice([k for k in range(2, 6) if cur * k <= MAX_VALUE] or [2])
-        if cur * k > MAX_VALUE:
+    """Returns (sentence, worked line, new value, operations used) for one event, or None if infeasible."""
+    core = _pick(rng, op, split)
+    if op in ("add", "sub"):
+        x = rng.randint(10, min(150, MAX_VALUE - cur)) if op == "add" else rng.randint(10, min(150, cur - 10))
+        new, sign = (cur + x, "+") if op == "add" else (cur - x, "-")
+        return _sentence(rng, core, dict(slots, x=x)), f"{cur} {sign} {x} = {new}", new, 1
+    if op in ("mul", "div"):
+        if core.factor is not None:
+            k = core.factor
+        elif op == "mul":
+            k = rng.choice([k for k in range(2, 5) if cur * k <= MAX_VALUE] or [2])
+        else:
+            k = rng.choice([k for k in range(2, 6) if cur % k == 0 and cur // k >= 10] or [2])
+        if op == "mul" and cur * k > MAX_VALUE or op == "div" and (cur % k or cur // k < 10):
             return None
-        return _sentence(rng, frame, k=k, **slots), f"{cur} × {k} = {cur * k}", cur * k, 1
-    if op == "div":
-        frame, k = rng.choice(_pool(DIV, split))
-        k = k or rng.choice([k for k in range(2, 10) if cur % k == 0 and cur // k >= 10] or [2])
-        if cur % k or cur // k < 10:
-            return None
-        return _sentence(rng, frame, k=k, **slots), f"{cur} ÷ {k} = {cur // k}", cur // k, 1
+        line = f"{cur} × {k} = {cur * k}" if op == "mul" else f"{cur} ÷ {k} = {cur // k}"
+        return _sentence(rng, core, dict(slots, k=k)), line, cur * k if op == "mul" else cur // k, 1
     room = MAX_VALUE - cur if op == "group_add" else cur - 10
     k = rng.randint(2, 9)
     if room // k < 10:
         return None
-    b = rng.randint(10, min(99, room // k))
+    b = rng.randint(10, min(30, room // k))
     p = k * b
-    pair = GROUP_ADD if op == "group_add" else GROUP_SUB
-    sentence = _sentence(rng, rng.choice(_pool(pair, split)), k=k, b=b, **slots)
-    new = cur + p if op == "group_add" else cur - p
-    sign = "+" if op == "group_add" else "-"
-    return sentence, f"{k} × {b} = {p}, and {cur} {sign} {p} = {new}", new, 2
+    new, sign = (cur + p, "+") if op == "group_add" else (cur - p, "-")
+    return _sentence(rng, core, dict(slots, k=k, b=b)), f"{k} × {b} = {p}, and {cur} {sign} {p} = {new}", new, 2
 
 
 def word_problem(rng: random.Random, split: str) -> Example:
@@ -148,13 +184,13 @@ def word_problem(rng: random.Random, split: str) -> Example:
         cont, cont1 = rng.choice(CONTAINERS)
         slots = dict(N=name, M=other, obj=rng.choice(OBJECTS), cont=cont, cont1=cont1, used=[])
         if rng.random() < 0.3:
-            k, b = rng.randint(2, 9), rng.randint(10, 60)
+            k, b = rng.randint(2, 9), rng.randint(10, 40)
             cur, used = k * b, 1
-            sentences = [_sentence(rng, rng.choice(_pool(OPEN_GROUPS, split)), False, k=k, b=b, **slots)]
+            sentences = [_sentence(rng, _pick(rng, "open_groups", split), dict(slots, k=k, b=b), noise=False)]
             lines = [f"{name} starts with {k} × {b} = {cur} {slots['obj']}."]
         else:
-            cur, used = rng.randint(10, 500), 0
-            sentences = [_sentence(rng, rng.choice(_pool(OPEN, split)), False, a=cur, **slots)]
+            cur, used = rng.randint(10, 400), 0
+            sentences = [_sentence(rng, _pick(rng, "open", split), dict(slots, a=cur), noise=False)]
             lines = [f"{name} starts with {cur} {slots['obj']}."]
         while used < target:
             ops = _feasible(cur, target - used)
@@ -168,9 +204,11 @@ def word_problem(rng: random.Random, split: str) -> Example:
             sentences.append(sentence)
             lines.append(f"Then {line}.")
             used += n
-        question = rng.choice(_pool(QUESTION, split))
-        slots["used"].append(question)
-        sentences.append(question.format(**slots))
+        if used != target:
+            return None
+        question = _pick(rng, "question", split)
+        slots["used"].append(question.text)
+        sentences.append(question.text.format(**slots) + "?")
         lines.append(f"The answer is {cur}.")
         return Example("word", f"word{used}", [user(" ".join(sentences))], " ".join(lines),
                        {"answer": cur, "ops": used, "frames": slots["used"]})

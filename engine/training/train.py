@@ -75,25 +75,46 @@ class Trainer:
         self.eager_loss = self._bind(masked_diffusion_loss)
         self.loss_fn = self.eager_loss
         self.compile_seconds = 0.0
-        if cfg.compile and (self.device.type == "cuda" or cfg.compile_cpu):
-            # Dynamic shapes: one graph serves every (batch, prompt bucket, window) instead of ~50 recompiles.
-            # No duck sizing: otherwise a first batch whose prompt bucket equals its window gives both one
-            # symbol, and the first batch where they differ recompiles (on the H200 that recompile failed).
-            import torch.fx.experimental._config as fx_config
-
-            fx_config.use_duck_shape = False
-            compiled = torch.compile(self.eager_loss)
-
-            def loss_fn(params, prompt, prompt_lens, answers, t):
-                # only the batch, prompt and window sizes vary; the weights keep static shapes (dynamic=True
-                # would make d_model a symbol too, with slower kernels and more guards)
-                for tensor, dims in ((prompt, (0, 1)), (answers, (0, 1)), (prompt_lens, (0,)), (t, (0,))):
-                    for dim in dims:
-                        torch._dynamo.maybe_mark_dynamic(tensor, dim)
-                return compiled(params, prompt, prompt_lens, answers, t)
-            self.loss_fn = loss_fn
+        self.compile_mode = ""
+        self.compile_modes = ["dynamic", "static"] if cfg.compile and (self.device.type == "cuda" or cfg.compile_cpu) else []
+        self._compile_next()
         if cfg.resume:
             self._resume()
+
+    def _compile_next(self):
+        """Switch to the next compiled form of the loss (dynamic shapes, then one graph per shape), or eager."""
+        self.loss_fn = self.eager_loss
+        if not self.compile_modes:
+            return
+        mode = self.compile_modes.pop(0)
+        self.compile_mode = mode
+        if mode == "static":
+            # one graph per (batch, prompt bucket, window): ~20 s of compile each, 2.5x eager speed after
+            torch._dynamo.config.cache_size_limit = 256
+            torch._dynamo.config.accumulated_cache_size_limit = 1024
+            self.loss_fn = torch.compile(self.eager_loss, dynamic=False)
+            return
+        # Dynamic shapes: one graph serves every (batch, prompt bucket, window) instead of ~50 recompiles.
+        # No duck sizing: otherwise a first batch whose prompt bucket equals its window gives both one
+        # symbol, and the first batch where they differ recompiles.
+        import torch._inductor.config as inductor_config
+        import torch.fx.experimental._config as fx_config
+
+        fx_config.use_duck_shape = False
+        # Inductor's memory-coalescing tiling analysis asserts on symbolic sizes (torch 2.11 on the H200:
+        # "InductorError: AssertionError" in tiling_utils.get_pw_red_splits); its own config note says it
+        # does not apply to dynamic shapes anyway
+        inductor_config.triton.coalesce_tiling_analysis = False
+        compiled = torch.compile(self.eager_loss)
+
+        def loss_fn(params, prompt, prompt_lens, answers, t):
+            # only the batch, prompt and window sizes vary; the weights keep static shapes (dynamic=True
+            # would make d_model a symbol too, with slower kernels and more guards)
+            for tensor, dims in ((prompt, (0, 1)), (answers, (0, 1)), (prompt_lens, (0,)), (t, (0,))):
+                for dim in dims:
+                    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+            return compiled(params, prompt, prompt_lens, answers, t)
+        self.loss_fn = loss_fn
 
     def _bind(self, fn):
         model_cfg, mask_id = self.model_cfg, self.mask_id
@@ -155,8 +176,9 @@ class Trainer:
         except Exception as err:  # a compiler failure (forward or backward) must not cost the run
             if not self.compiled:
                 raise
-            print(f"torch.compile failed ({type(err).__name__}: {err}); continuing eager", flush=True)
-            self.loss_fn = self.eager_loss
+            print(f"torch.compile failed ({type(err).__name__}: {str(err)[-300:]}); continuing eager", flush=True)
+            self.compile_modes = []
+            self._compile_next()
             out = self._forward_backward(prompt, prompt_lens, answers, t)
         grad_norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), cfg.clip)
         self.opt.step()
@@ -176,17 +198,23 @@ class Trainer:
             answers = torch.randint(6, vocab, (batch, width), generator=gen).to(self.device)
             lens = torch.randint(p_len // 2, p_len + 1, (batch,), generator=gen).to(self.device)
             t = stratified_t(batch, self.cfg.eps, self.device)
-            try:
-                self._forward_backward(prompt, lens, answers, t)
-            except Exception as err:
-                print(f"torch.compile failed in warm-up ({type(err).__name__}: {err}); training eager", flush=True)
-                self.loss_fn = self.eager_loss
-                break
+            for _attempt in range(3):
+                try:
+                    self._forward_backward(prompt, lens, answers, t)
+                    break
+                except Exception as err:
+                    failed = self.compile_mode
+                    self._compile_next()
+                    print(f"torch.compile ({failed} shapes) failed in warm-up ({type(err).__name__}: "
+                          f"{str(err)[-300:]}); now {self.compile_mode if self.compiled else 'eager'}", flush=True)
+                    if not self.compiled:
+                        break
         self.opt.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.compile_seconds = time.time() - started
-        print(f"compiled in {self.compile_seconds:.1f} s ({'ok' if self.compiled else 'fell back to eager'})", flush=True)
+        state = f"ok, {self.compile_mode} shapes" if self.compiled else "fell back to eager"
+        print(f"compiled in {self.compile_seconds:.1f} s ({state})", flush=True)
 
     @property
     def use_bf16(self) -> bool:
@@ -274,7 +302,7 @@ class Trainer:
     def save(self) -> Path:
         artifacts.save_model_folder(self.out, self.params, self.config, self.tokenizer)
         summary = {"n_params": self.n_params, "steps": self.step, "train_seconds": self.elapsed,
-                   "compiled": self.compiled, "compile_seconds": round(self.compile_seconds, 1),
+                   "compiled": self.compile_mode if self.compiled else False, "compile_seconds": round(self.compile_seconds, 1),
                    "tokens": self.tokens, "useful_tokens": self.useful_tokens,
                    "tokens_per_s": self.tokens / max(self.elapsed, 1e-9),
                    "useful_tokens_per_s": self.useful_tokens / max(self.elapsed, 1e-9),
