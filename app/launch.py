@@ -10,6 +10,7 @@ import argparse
 import ipaddress
 import os
 import sys
+import threading
 from pathlib import Path
 
 SHARE_WARNING = ("Anyone with the public link can use this machine: its GPU, your chats and the model "
@@ -133,5 +134,15 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        demo.close()
+        close_within(demo, 10.0)
     return 0
+
+
+def close_within(demo, seconds: float):
+    """Stop the server, but never let a stuck connection keep Ctrl-C from ending the app (chats are already
+    saved after every turn, so nothing is lost by not waiting longer)."""
+    closer = threading.Thread(target=demo.close, name="close-server", daemon=True)
+    closer.start()
+    closer.join(seconds)
+    if closer.is_alive():
+        print(f"flash-dllm-chat: the server did not stop within {seconds:.0f} s; exiting anyway", flush=True)

@@ -102,10 +102,10 @@ class ModelHost:
             if name == self.name and self.engine is not None:
                 return self.engine
             previous = self.name
-            ok, message = hub.fit_check(size, device)
+            ok, message = hub.fit_check(size, device, self.dtype)
             if not ok and self.engine is not None:
                 self._unload()  # the current model's memory counts as free for the new one
-                ok, message = hub.fit_check(size, device)
+                ok, message = hub.fit_check(size, device, self.dtype)
             if not ok:
                 if self.engine is None and previous:
                     self._load_locked(previous, None)

@@ -289,7 +289,7 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
             except ModelError as err:
                 yield after_load(note(str(err), "error"))
                 return
-            ok, fit = hub.fit_check(size, ctx.host.target_device())
+            ok, fit = hub.fit_check(size, ctx.host.target_device(), ctx.host.dtype)
             if not ok and ctx.host.engine is None:
                 yield after_load(note(f"{repo_id} {fit}", "error"))
                 return

@@ -313,15 +313,22 @@ def remote_weight_bytes(repo_id: str) -> int:
 
 
 # ---- memory fit ----------------------------------------------------------------------------------------------
-def fit_check(weight_bytes: int, device) -> tuple[bool, str]:
-    """Whether weights of this size fit: free GPU memory (or available RAM) vs weights x 1.2 + 1 GiB."""
+def fit_check(weight_bytes: int, device, dtype: str | None = None) -> tuple[bool, str]:
+    """Whether weights of this size fit: free GPU memory (or available RAM) vs weights x 1.2 + 1 GiB.
+
+    ``weight_bytes`` is the checkpoint's size on disk (16-bit for every supported model). On the CPU the
+    engine loads weights as fp32 unless told otherwise (``dtype``), which doubles them in memory.
+    """
     import torch
 
-    need = weight_bytes * 1.2 + GIB
-    wanted = f"needs about {need / GIB:.1f} GiB ({weight_bytes / GIB:.1f} GiB weights x 1.2 + 1 GiB working margin)"
     if device in (None, "", "auto"):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
+    upcast = dev.type != "cuda" and dtype in (None, "", "auto", "fp32", "float32")
+    loaded = weight_bytes * (2 if upcast else 1)
+    need = loaded * 1.2 + GIB
+    as_loaded = f"{loaded / GIB:.1f} GiB weights" + (" as fp32" if upcast else "")
+    wanted = f"needs about {need / GIB:.1f} GiB ({as_loaded} x 1.2 + 1 GiB working margin)"
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             return False, f"no CUDA GPU is available; the model {wanted}"

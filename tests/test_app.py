@@ -227,7 +227,7 @@ def test_presets_set_the_raw_knobs(app, client):
 def test_switching_models_checks_the_fit_first(app, client, monkeypatch):
     dream = write_tiny_model(app.models / "tiny-dream", TinySpec("dream", n_kv_heads=2))
     refusal = "does not fit: needs about 99.0 GiB; RAM has 1.0 GiB available"
-    monkeypatch.setattr(hub, "fit_check", lambda size, device: (False, refusal))
+    monkeypatch.setattr(hub, "fit_check", lambda size, device, dtype=None: (False, refusal))
     note, _, _, _ = client.predict(str(dream), api_name="/load_model")
     assert "does not fit" in note and "99.0 GiB" in note
     assert app.ctx.host.name == str(app.folder)  # the previous model is back

@@ -170,6 +170,15 @@ def test_fit_check_on_cpu():
     assert not ok and "does not fit" in message and "RAM" in message
 
 
+def test_fit_check_counts_the_cpu_upcast_to_fp32():
+    import psutil
+
+    half = int((psutil.virtual_memory().available - 2**30) / 1.2 * 0.75)  # fits as bf16, not as fp32
+    ok, message = fit_check(half, "cpu")
+    assert not ok and "as fp32" in message
+    assert fit_check(half, "cpu", "bf16")[0]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without a GPU")
 def test_fit_check_without_gpu():
     ok, message = fit_check(2**30, "cuda")
