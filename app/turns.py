@@ -141,27 +141,6 @@ def settings_meta(view: RunView, settings, model: str | None) -> dict:
             "settings": settings.to_dict()}
 
 
-def fit_conversation(engine, conversation: list[dict], settings) -> tuple[list[dict], int]:
-    """Leave out the oldest messages until the prompt plus the answer fit the model's context (the system
-    prompt and the last user message always stay). Returns the conversation and how many were left out."""
-    limit = engine.describe().get("max_context")
-    head = conversation[:1] if conversation and conversation[0]["role"] == "system" else []
-    turns, dropped = conversation[len(head):], 0
-    if not limit:
-        return conversation, 0
-    while len(turns) > 1:
-        try:
-            length = len(engine.tokenizer.encode(head + turns, settings.use_chat_template))
-        except ValueError:  # an empty prompt: the engine reports it
-            break
-        if length + settings.gen_length <= limit:
-            break
-        turns, dropped = turns[1:], dropped + 1
-        while len(turns) > 1 and turns[0]["role"] != "user":
-            turns, dropped = turns[1:], dropped + 1
-    return head + turns, dropped
-
-
 def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system: str, method: str,
               side_by_side: bool, method_b: str, knob_values: tuple, session: str | None, regenerate: bool = False):
     """Generator of output tuples (see OUTPUTS) for one streamed turn."""
@@ -221,7 +200,7 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
     ctx.host.gpu.acquire()
     try:
         engine = ctx.host.engine
-        prompt, dropped = fit_conversation(engine, prompt, settings)
+        prompt, dropped = engine.fit_conversation(prompt, settings)
         for label, run_settings in runs:
             if turn.stopped.is_set():
                 break

@@ -102,6 +102,25 @@ class Engine:
                 "dtype": str(self.model.dtype).replace("torch.", ""), "kernels": self.kernels,
                 "params": cfg.n_params, "max_context": cfg.max_seq_len}
 
+    def fit_conversation(self, conversation: list[dict], settings: GenerationSettings) -> tuple[list[dict], int]:
+        """Leave out the oldest messages until the prompt plus ``gen_length`` fit the model's context. The
+        system prompt and the last user message always stay, and what remains starts at a user turn.
+        Returns the conversation and how many messages were left out."""
+        limit = self.model.config.max_seq_len
+        head = conversation[:1] if conversation and conversation[0]["role"] == "system" else []
+        turns, dropped = conversation[len(head):], 0
+        while limit and len(turns) > 1:
+            try:
+                length = len(self.tokenizer.encode(head + turns, settings.use_chat_template))
+            except ValueError:  # an empty prompt: generate() reports it
+                break
+            if length + settings.gen_length <= limit:
+                break
+            turns, dropped = turns[1:], dropped + 1
+            while len(turns) > 1 and turns[0]["role"] != "user":
+                turns, dropped = turns[1:], dropped + 1
+        return head + turns, dropped
+
     def new_states(self, prompts: list, settings: GenerationSettings) -> list[SequenceState]:
         cfg = self.model.config
         states = []

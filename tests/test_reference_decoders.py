@@ -176,3 +176,22 @@ def test_events_arrive_while_decoding(tiny_llada, monkeypatch):
     engine.generate([PROMPT], llada(gen_length=8, block_length=4, steps=8),
                     on_event=lambda e: seen.append((e.step, len(forwards))) if isinstance(e, StepEvent) else None)
     assert seen == [(k, k + 1) for k in range(8)]
+
+
+def test_fit_conversation_drops_the_oldest_turns_until_the_answer_fits(tiny_llada):
+    engine = load(tiny_llada)  # max context 512; the byte tokenizer spends one token per character
+    system = {"role": "system", "content": "Be brief."}
+    history = []
+    for turn in range(6):
+        history += [{"role": "user", "content": f"question {turn} " + "x" * 60},
+                    {"role": "assistant", "content": f"answer {turn} " + "y" * 60}]
+    conversation = [system] + history + [{"role": "user", "content": "last question"}]
+    settings = llada(gen_length=256, block_length=32, steps=8)
+    fitted, dropped = engine.fit_conversation(conversation, settings)
+    assert dropped > 0 and fitted[0] == system and fitted[-1] == conversation[-1]
+    assert fitted[1]["role"] == "user" and fitted == [system] + conversation[1 + dropped:]
+    assert len(engine.tokenizer.encode(fitted)) + 256 <= 512
+    longer = [system] + conversation[dropped:]  # one message more than fitted (its answer)
+    assert len(engine.tokenizer.encode(longer)) + 256 > 512
+    assert engine.fit_conversation(conversation[-3:], settings) == (conversation[-3:], 0)  # fits: untouched
+    engine.generate([fitted], settings.with_overrides(steps=8))  # the trimmed conversation is accepted
