@@ -35,6 +35,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", help="the user message")
     source.add_argument("--batch-file", type=Path, help="a file with one prompt per line, decoded as one batch")
+    p.add_argument("prompt_text", nargs="?", metavar="PROMPT", help="the user message (same as --prompt)")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--method", choices=list(METHODS), help=f"decoding method (default {d.method})")
     p.add_argument("--gen-length", type=int, help=f"answer length in tokens (default {d.gen_length})")
@@ -85,6 +86,11 @@ def read_prompts(args) -> list[str]:
         if not prompts:
             raise CliError(f"--batch-file {args.batch_file} holds no prompt (one prompt per line)")
         return prompts
+    text = getattr(args, "prompt_text", None)
+    if text is not None and (args.prompt is not None or args.batch_file is not None):
+        raise CliError("give the prompt once: as PROMPT, --prompt TEXT or --batch-file FILE")
+    if text is not None:
+        args.prompt = text
     if args.prompt is None:
         raise CliError("give --prompt TEXT or --batch-file FILE")
     if not args.prompt.strip():

@@ -57,6 +57,13 @@ def test_generate_text_output(family_folder, capsys):
     assert stats.count("\n") == 1 and STATS.match(stats.strip()), stats
 
 
+def test_the_prompt_may_be_given_without_its_flag(tiny_llada, capsys):
+    flagged = run(["generate", "--model", str(tiny_llada), "--prompt", "Hello there", *FAST, "--json"], capsys)
+    bare = run(["generate", "Hello there", "--model", str(tiny_llada), *FAST, "--json"], capsys)
+    assert flagged[0] == bare[0] == 0, bare
+    assert json.loads(bare[1])["token_ids"] == json.loads(flagged[1])["token_ids"]
+
+
 def test_generate_json_fields(family_folder, capsys):
     family, folder = family_folder
     code, out, err = run(["generate", "--model", str(folder), "--prompt", "Hello", "--system", "Be brief.",
@@ -153,6 +160,7 @@ BAD_INPUTS = [
     (["--prompt", "hi", "--device", "cuda"], "cuda"),
     (["--batch-file", "/nonexistent/prompts.txt"], "cannot read"),
     ([], "--prompt"),
+    (["hi", "--prompt", "hi"], "give the prompt once"),
 ]
 
 
