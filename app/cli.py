@@ -86,7 +86,7 @@ def read_prompts(args) -> list[str]:
         if not prompts:
             raise CliError(f"--batch-file {args.batch_file} holds no prompt (one prompt per line)")
         return prompts
-    text = getattr(args, "prompt_text", None)
+    text = args.prompt_text
     if text is not None and (args.prompt is not None or args.batch_file is not None):
         raise CliError("give the prompt once: as PROMPT, --prompt TEXT or --batch-file FILE")
     if text is not None:

@@ -44,6 +44,8 @@ class Core:
 
     text: str  # e.g. "{N} finds another {x} {obj}" (no final period)
     op: str  # add, sub, mul, div, group_add, group_sub, open, open_groups, question
+    structure: str  # the text before the verb went in: "{N} {v} another {x} {obj}"
+    verb: str  # "finds" ("" when the structure has no verb slot)
     factor: int | None = None  # mul/div: the multiplier or divisor the cue means (None: "{k}" in the text)
     test: bool = False
 
@@ -54,7 +56,7 @@ def _square(op, structures, verbs, factor_of=None, period=4):
     for i, structure in enumerate(structures):
         for j, verb in enumerate(verbs):
             factor = factor_of(verb) if factor_of else None
-            out.append(Core(structure.replace("{v}", verb), op, factor, (i + j) % period == 0))
+            out.append(Core(structure.replace("{v}", verb), op, structure, verb, factor, (i + j) % period == 0))
     return out
 
 
