@@ -14,7 +14,8 @@ def tiny_args(out, *extra):
     return ["--preset", "tiny-cpu", "--out", str(out), "--d-model", "64", "--n-layers", "2", "--n-heads", "4",
             "--mlp-hidden", "128", "--pool", "3000", "--bpe-texts", "3000", "--workers", "1",
             "--tokens-per-step", "3000", "--val-per-family", "8", "--val-every", "1000", "--log-every", "1",
-            "--lr", "3e-3", "--warmup", "5", "--minutes", "10", "--ckpt-every", "1000", *extra]
+            "--lr", "3e-3", "--warmup", "5", "--minutes", "10", "--ckpt-every", "1000", "--block-view-share", "0.5",
+            *extra]
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +107,36 @@ def test_loss_is_one_over_t_weighted_masked_cross_entropy(trained):
                                  masked, torch.ones_like(t))
     assert torch.allclose(weighted * t, only_masked[0], atol=1e-5)  # weight is exactly 1/t per row
     assert torch.all((count == 0) | (ce_sum > 0))
+
+
+def test_block_view_masks_match_what_the_decoders_see():
+    """Share 1: every row is clean before one 32-aligned block, masked after it, masked with probability t
+    and weight 1/t inside it. Share 0: exactly the uniform masks, weight 1/t."""
+    from flash_dllm.engine.training.objective import draw_masks
+
+    torch.manual_seed(3)
+    rows, width = 2000, 100
+    answers = torch.zeros(rows, width, dtype=torch.long)
+    t = torch.rand(rows) * 0.9 + 0.05
+    masked, weight = draw_masks(answers, t, block_view_share=1.0, block_length=32)
+    starts, inside, inside_masked = [], 0, 0
+    for row in range(rows):
+        after_weight_one = (weight[row] == 1.0).nonzero()
+        end = int(after_weight_one[0]) if len(after_weight_one) else width  # where the fully masked suffix starts
+        start = end - 32 if len(after_weight_one) else (width - 1) // 32 * 32
+        starts.append(start)
+        assert start % 32 == 0 and not masked[row, :start].any() and masked[row, end:].all()
+        assert torch.allclose(weight[row, start:end], 1 / t[row])
+        assert torch.all(weight[row, end:] == 1.0)
+        inside += end - start
+        inside_masked += int((masked[row, start:end].float()).sum())
+    assert set(starts) == {0, 32, 64, 96}
+    assert abs(inside_masked / inside - float(t.mean())) < 0.02  # in-block masks follow t
+    torch.manual_seed(5)
+    uniform, w0 = draw_masks(answers, t, 0.0)
+    torch.manual_seed(5)
+    assert torch.equal(uniform, torch.rand(answers.shape) < t[:, None])
+    assert torch.allclose(w0, 1 / t[:, None].expand(rows, width))
+    half, _ = draw_masks(answers, t, 0.5)
+    clean_start = (~half[:, :40]).all(1).float().mean()  # only block views with a start > 0 keep 40 clean
+    assert 0.25 < float(clean_start) < 0.45

@@ -2,7 +2,15 @@
 
 Every answer position (EOS padding included, so the model learns where to stop) is masked with probability
 t, one t per sequence; the loss is the cross-entropy on masked positions weighted by 1/t, divided by the
-number of answer positions. The prompt is never masked. ``model_from_llada_state`` + ``forward_hidden`` are
+number of answer positions. The prompt is never masked.
+
+The block view (a share of the rows, ``block_view_share``): the decoders fill the canvas one block at a
+time, so every prediction they make sees a clean prefix, a partly masked current block and a fully masked
+suffix. Under uniform masks that context is exponentially rare in the prefix length (a clean 60-token
+prefix beside a masked suffix almost never occurs), so a small model never practises the case it is used
+in. A block-view row keeps the answer before a random block boundary clean, masks the current block with
+probability t (weighted 1/t, the same term as above restricted to the block), and masks everything after it
+(the t = 1 term, weight 1). Both views are terms of the masked-diffusion bound on the same data. ``model_from_llada_state`` + ``forward_hidden`` are
 the inference code itself, so training and inference cannot drift apart.
 """
 from __future__ import annotations
@@ -32,8 +40,10 @@ def init_params(config: dict, seed: int, device) -> dict[str, torch.Tensor]:
     return params
 
 
-def loss_terms(params, model_cfg, mask_id: int, prompt, prompt_lens, answers, masked, t):
-    """Per-row (weighted loss, summed CE on masked, correct argmax on masked, masked count)."""
+def loss_terms(params, model_cfg, mask_id: int, prompt, prompt_lens, answers, masked, t, weight=None):
+    """Per-row (weighted loss, summed CE on masked, correct argmax on masked, masked count).
+
+    ``weight`` [B, W]: the loss weight of each masked position (default 1/t of its row)."""
     p_len, width = prompt.shape[1], answers.shape[1]
     noisy = torch.where(masked, torch.full_like(answers, mask_id), answers)
     ids = torch.cat([prompt, noisy], dim=1)
@@ -44,15 +54,38 @@ def loss_terms(params, model_cfg, mask_id: int, prompt, prompt_lens, answers, ma
     logits = lm_logits(model, hidden).float()
     ce = F.cross_entropy(logits.transpose(1, 2), answers, reduction="none")  # [B, W]
     maskf = masked.float()
-    weighted = (ce * maskf / t[:, None]).sum(1) / width
+    weight = maskf / t[:, None] if weight is None else weight * maskf
+    weighted = (ce * weight).sum(1) / width
     correct = ((logits.argmax(-1) == answers) & masked).sum(1)
     return weighted, (ce * maskf).sum(1).detach(), correct, masked.sum(1)
 
 
-def masked_diffusion_loss(params, model_cfg, mask_id: int, prompt, prompt_lens, answers, t):
+def draw_masks(answers, t, block_view_share: float = 0.0, block_length: int = 32):
+    """(masked [B, W] bool, weight [B, W]): uniform masks, or for a ``block_view_share`` of the rows the
+    block view (clean before a random block, masked with probability t inside it, masked after it)."""
+    rows, width = answers.shape
+    device = answers.device
+    uniform = torch.rand(answers.shape, device=device) < t[:, None]
+    weight = 1.0 / t[:, None].expand(rows, width)
+    if block_view_share <= 0:
+        return uniform, weight
+    n_blocks = (width + block_length - 1) // block_length
+    start = (torch.rand(rows, device=device) * n_blocks).floor().long().clamp_(max=n_blocks - 1) * block_length
+    column = torch.arange(width, device=device)[None, :]
+    in_block = (column >= start[:, None]) & (column < start[:, None] + block_length)
+    after = column >= start[:, None] + block_length
+    block_masked = (in_block & uniform) | after
+    block_weight = torch.where(after, torch.ones_like(weight), weight)
+    view = (torch.rand(rows, device=device) < block_view_share)[:, None]
+    return torch.where(view, block_masked, uniform), torch.where(view, block_weight, weight)
+
+
+def masked_diffusion_loss(params, model_cfg, mask_id: int, prompt, prompt_lens, answers, t,
+                          block_view_share: float = 0.0, block_length: int = 32):
     """Training loss of one batch: draws the masks, returns (loss, CE sum, correct, masked count)."""
-    masked = torch.rand(answers.shape, device=answers.device) < t[:, None]
-    weighted, ce, correct, count = loss_terms(params, model_cfg, mask_id, prompt, prompt_lens, answers, masked, t)
+    masked, weight = draw_masks(answers, t, block_view_share, block_length)
+    weighted, ce, correct, count = loss_terms(params, model_cfg, mask_id, prompt, prompt_lens, answers, masked, t,
+                                              weight)
     return weighted.mean(), ce.sum(), correct.sum(), count.sum()
 
 

@@ -45,6 +45,8 @@ class TrainConfig:
     weight_decay: float = 0.1
     clip: float = 1.0
     eps: float = 1e-3  # smallest mask ratio
+    block_view_share: float = 0.5  # rows trained in the decoders' block view (objective.draw_masks)
+    block_view_length: int = 32  # the decoders' default block length
     seed: int = 0
     compile: bool = True  # on CUDA; on the CPU only with --compile-cpu (tests of the compiled path)
     compile_cpu: bool = False
@@ -65,7 +67,8 @@ PRESETS = {
     "tiny-cpu": dict(out="assets/models/tiny-cpu", minutes=12.0, device="cpu", d_model=128, n_layers=4,
                      n_heads=4, mlp_hidden=384, pool=200_000, workers=1, families="arith,lists,multi,chat",
                      windows="16,32,48,64", long_window=64, p_long=0.3, tokens_per_step=6_000, lr=2e-3, warmup=100, compile=False,
-                     bf16=False, val_every=60.0, val_per_family=64, log_every=20),
+                     bf16=False, val_every=60.0, val_per_family=64, log_every=20,
+                     block_view_share=0.0),  # as it was trained (before the block view existed)
 }
 
 

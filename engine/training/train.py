@@ -118,9 +118,10 @@ class Trainer:
 
     def _bind(self, fn):
         model_cfg, mask_id = self.model_cfg, self.mask_id
+        share, length = self.cfg.block_view_share, self.cfg.block_view_length
 
         def loss(params, prompt, prompt_lens, answers, t):
-            return fn(params, model_cfg, mask_id, prompt, prompt_lens, answers, t)
+            return fn(params, model_cfg, mask_id, prompt, prompt_lens, answers, t, share, length)
         return loss
 
     @property
