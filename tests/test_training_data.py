@@ -164,3 +164,21 @@ def test_prompt_template_matches_the_jinja_chat_template(tmp_path):
     ids = bpe.special_ids(tokenizer)
     assert sorted(ids.values()) == list(range(6))
     assert hf.mask_token == bpe.MASK and hf.eos_token == bpe.EOS and hf.bos_token == bpe.BOS
+
+
+def test_dense_multi_items_train_exclusion_and_stay_out_of_the_test_split():
+    """Training draws dense items (most of a small pool); they check out, and held-out items never are dense."""
+    from flash_dllm.engine.training.tasks_multi import multi_answer
+
+    rng = random.Random(7)
+    dense = 0
+    for _ in range(400):
+        example = multi_answer(rng, "train", "distinct")
+        assert data.check(example, example.response)
+        dense += example.meta["n"] >= 4 and len(example.meta["valid"]) <= example.meta["n"] + 3
+    assert dense > 60
+    for example in data.test_set("multi", 300):
+        if example.kind in ("distinct", "category"):
+            assert example.meta["n"] <= 5
+            if example.kind == "distinct":
+                assert len(example.meta["valid"]) >= example.meta["n"] + 2

@@ -14,7 +14,7 @@ def tiny_args(out, *extra):
     return ["--preset", "tiny-cpu", "--out", str(out), "--d-model", "64", "--n-layers", "2", "--n-heads", "4",
             "--mlp-hidden", "128", "--pool", "3000", "--bpe-texts", "3000", "--workers", "1",
             "--tokens-per-step", "3000", "--val-per-family", "8", "--val-every", "1000", "--log-every", "1",
-            "--lr", "3e-3", "--warmup", "5", "--minutes", "10", "--ckpt-every", "1000", "--block-view-share", "0.5",
+            "--lr", "2e-3", "--warmup", "5", "--minutes", "10", "--ckpt-every", "1000", "--block-view-share", "0.5",
             *extra]
 
 

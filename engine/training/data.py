@@ -26,8 +26,9 @@ for _module in (tasks_word, tasks_arith, tasks_lists, tasks_multi, tasks_chat):
 
 FAMILIES = ("word", "arith", "lists", "multi", "multiturn", "chat")
 # Shares of training conversations. Word problems get the most because their chains are the slowest to
-# learn (the probe's last family to saturate) and their answers are the longest.
-TRAIN_MIX = {"word": 0.40, "arith": 0.12, "lists": 0.14, "multi": 0.17, "multiturn": 0.12, "chat": 0.05}
+# learn (the probe's last family to saturate) and their answers are the longest; multi-answer items get more
+# than their length asks for, because the exclusion they teach is a weak signal (see tasks_multi).
+TRAIN_MIX = {"word": 0.40, "arith": 0.08, "lists": 0.14, "multi": 0.22, "multiturn": 0.12, "chat": 0.04}
 SYSTEM_PROMPTS = ["You are a helpful assistant.", "You are Flash Tiny, a small diffusion language model.",
                   "Answer briefly and show your steps.", "You are a friendly math tutor."]
 SYSTEM_RATE = 0.1  # share of conversations that open with a system message (the template supports it)

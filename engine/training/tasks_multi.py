@@ -5,6 +5,12 @@
 valid answers, so every answer slot's marginal is flat: a decoder that commits several slots from one
 forward pass picks them independently and collides ("14, 14, 14"), while one token per step conditions each
 slot on the ones already written. The checker accepts any valid answer.
+
+Training also draws *dense* items (``DENSE_SHARE`` of distinct and category items, training split only):
+up to six items from a pool barely larger than that. With 16 animals and 4 slots, knowing that "bear" and
+"pig" are taken is worth only log(16/14) nats per slot, a signal a small model leaves unlearned (the bundled
+model's slots stayed flat, "pig" at 0.074 beside "bear, pig,"); when 5 of 7 are taken the last slots are
+nearly determined, and the exclusion it must learn is the same. Held-out items are drawn as before.
 """
 from __future__ import annotations
 
@@ -38,11 +44,14 @@ PERM_FRAMES = ["Give a permutation of the digits {d}.", "Write the digits {d} in
 WORD_PERM_FRAMES = ["Write these words in any order: {w}.", "Shuffle these words: {w}.", "Put these words in any order: {w}."]
 SUM_FRAMES = ["Give two numbers that add up to {n}.", "Name two positive numbers whose sum is {n}.",
               "Write two numbers that sum to {n}."]
+DENSE_SHARE = 0.4
 KIND_WEIGHTS = {"distinct": 3, "category": 2, "perm_digits": 2, "perm_words": 1, "sum_pair": 2}
 SUM_LINE = re.compile(r"^(\d+) \+ (\d+) = (\d+)\.$")
 
 
 def _distinct(rng, split):
+    if split == "train" and rng.random() < DENSE_SHARE:
+        return _distinct_dense(rng, split)
     prop = rng.choice(list(PROPERTIES))
     n = rng.randint(2, 5)
     lo = rng.randint(10, 80)
@@ -57,9 +66,28 @@ def _distinct(rng, split):
                    {"head": head, "n": n, "valid": pool})
 
 
+def _distinct_dense(rng, split):
+    """n of 4-6 numbers from a range holding only n + 1 to n + 3 of them."""
+    prop = rng.choice(list(PROPERTIES))
+    n = rng.randint(4, 6)
+    step = {"even numbers": 2, "odd numbers": 2, "numbers": 1, "multiples of 5": 5}[prop]
+    lo = rng.randint(10, 80)
+    hi = lo + step * (n + rng.randint(1, 3)) + 1
+    if hi > 99:
+        return None
+    pool = [v for v in range(lo + 1, hi) if PROPERTIES[prop](v)]
+    if not n + 1 <= len(pool) <= n + 3 or not in_split(split, "distinct", prop, lo, hi, n):
+        return None
+    text = rng.choice(DISTINCT_FRAMES).format(n=COUNT_WORDS[n], prop=prop, lo=lo, hi=hi)
+    head = f"{COUNT_WORDS[n].capitalize()} different {prop} between {lo} and {hi}"
+    return Example("multi", "distinct", [user(text)], f"{head}: {join_list(rng.sample(pool, n))}.",
+                   {"head": head, "n": n, "valid": pool})
+
+
 def _category(rng, split):
     cat = rng.choice(list(CATEGORIES))
-    n = rng.randint(2, 5)
+    dense = split == "train" and rng.random() < DENSE_SHARE
+    n = rng.randint(4, 6) if dense else rng.randint(2, 5)
     # only ~100 distinct prompts exist, so they are shared by both splits; the answers are drawn afresh
     text = rng.choice(CATEGORY_FRAMES).format(n=COUNT_WORDS[n], cat=cat)
     head = f"{COUNT_WORDS[n].capitalize()} different {cat}"
