@@ -31,7 +31,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
-from flash_dllm.kernels._fused_qkv_rope_cache_triton import _fused_qkv_rope_cache_kernel
+from flash_dllm.kernels._fused_qkv_rope_cache_triton import fused_qkv_kernel, fused_qkv_path
 from flash_dllm.kernels._scheduled_attention_triton import _scheduled_attention_kernel
 from flash_dllm.kernels.fused_qkv_rope_cache import fused_qkv_rope_cache, fused_qkv_rope_cache_reference
 from flash_dllm.kernels.scheduled_attention import build_plan, scheduled_attention
@@ -121,7 +121,9 @@ def bench_fused(model: str, n_tokens: int, copy_gbs: float, l2_bytes: int) -> No
     q = fused(0)  # autotunes this bucket before anything is timed
     ref_q = reference(0)
     err = ((q.float() - ref_q.float()).norm() / ref_q.float().norm()).item()
-    config = str(_fused_qkv_rope_cache_kernel.best_config).replace(",", ";")
+    path = fused_qkv_path(x[0], w[0], head_dim)  # "tma" on Hopper, else "pointer" (FLASH_DLLM_FUSED_QKV_PATH)
+    config = f"path {path}: " + str(fused_qkv_kernel(path).best_config).replace(",", ";")
+    print(f"  fused path {path}", flush=True)
     moved = weight_bytes + n_tokens * (d_model + rows) * 2 + n_tokens * head_dim * 4  # + q/k/v out, cos/sin
     flops = 2 * n_tokens * d_model * rows
     times, host = {}, {}

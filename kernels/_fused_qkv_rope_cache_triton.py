@@ -9,8 +9,14 @@ output, k columns (rotated) and v columns (not rotated) go straight to their cac
 
 Token count is a runtime argument (never a constexpr, and not specialised), so any N reuses the compiled
 kernel; on CUDA the autotuner is keyed on a power-of-two bucket of N, so at most one tuning per bucket.
+
+On Hopper and newer (head dim 128) the dispatcher runs the TMA kernel of _fused_qkv_rope_cache_tma.py
+instead; FLASH_DLLM_FUSED_QKV_PATH=pointer|tma|auto overrides the choice (see `fused_qkv_path`).
 """
 from __future__ import annotations
+
+import functools
+import os
 
 import torch
 import triton
@@ -194,17 +200,93 @@ def _check_inputs(x, w_qkv, b_qkv, cos, sin, positions, cache_rows, k_cache, v_c
         raise ValueError("positions and cache_rows must have one entry per token")
 
 
+PATH_ENV = "FLASH_DLLM_FUSED_QKV_PATH"
+PATHS = ("auto", "pointer", "tma")
+
+
+@functools.lru_cache(maxsize=None)
+def _compute_capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def _requested_path() -> str:
+    value = os.environ.get(PATH_ENV, "auto").strip().lower() or "auto"
+    if value not in PATHS:
+        raise ValueError(f"{PATH_ENV}={value!r} is not a fused QKV kernel path; choose one of: {', '.join(PATHS)}")
+    return value
+
+
+def _tma_blocker(x: torch.Tensor, w_qkv: torch.Tensor, head_dim: int) -> str | None:
+    """Why the TMA kernel cannot run on these inputs, or None when it can."""
+    from ._fused_qkv_rope_cache_tma import TMA_HEAD_DIM, tma_available
+
+    if not tma_available():
+        return "this triton has no tensor descriptors (triton.tools.tensor_descriptor)"
+    if not interpreting():
+        if not x.is_cuda:
+            return f"x is on {x.device}, not a CUDA device"
+        if _compute_capability(x.device.index if x.device.index is not None else torch.cuda.current_device())[0] < 9:
+            return "TMA needs a GPU of compute capability >= 9.0 (Hopper)"
+    if head_dim != TMA_HEAD_DIM:
+        return f"the TMA kernel is built for head dim {TMA_HEAD_DIM}, got {head_dim}"
+    for name, t in (("x", x), ("w_qkv", w_qkv)):
+        if not t.is_contiguous():
+            return f"{name} must be contiguous"
+        if (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+            return f"{name} needs a 16-byte aligned base and row stride"
+    return None
+
+
+def fused_qkv_path(x: torch.Tensor, w_qkv: torch.Tensor, head_dim: int) -> str:
+    """Which kernel fused_qkv_rope_cache_triton runs for these inputs: "tma" or "pointer".
+
+    FLASH_DLLM_FUSED_QKV_PATH (read per call):
+      auto (default)  TMA on a CUDA device of compute capability >= 9 for fp16/bf16, head dim 128 and
+                      TMA-compatible x / w_qkv; the pointer kernel otherwise (always under the interpreter).
+      pointer         the pointer kernel.
+      tma             the TMA kernel (also under the interpreter); ValueError saying why if it cannot run.
+    Any other value raises ValueError.
+    """
+    requested = _requested_path()
+    if requested == "pointer":
+        return "pointer"
+    blocker = _tma_blocker(x, w_qkv, head_dim)
+    if requested == "tma":
+        if blocker is not None:
+            raise ValueError(f"{PATH_ENV}=tma, but {blocker}")
+        return "tma"
+    auto_ok = blocker is None and not interpreting() and x.dtype in (torch.float16, torch.bfloat16)
+    return "tma" if auto_ok else "pointer"
+
+
+def fused_qkv_kernel(path: str):
+    """The autotuned kernel object of a path ("pointer" or "tma"), e.g. for its best_config."""
+    if path == "tma":
+        from ._fused_qkv_rope_cache_tma import _fused_qkv_rope_cache_tma_kernel
+
+        return _fused_qkv_rope_cache_tma_kernel
+    if path == "pointer":
+        return _fused_qkv_rope_cache_kernel
+    raise ValueError(f"unknown fused QKV kernel path {path!r}")
+
+
 def fused_qkv_rope_cache_triton(x, w_qkv, b_qkv, cos, sin, positions, cache_rows, k_cache, v_cache,
                                 n_heads: int, n_kv_heads: int) -> torch.Tensor:
     """Launch the fused kernel: returns q [N, Hq*Dh] and writes K/V rows of the caches in place."""
     n_tokens, d_model = x.shape
     head_dim = w_qkv.shape[0] // (n_heads + 2 * n_kv_heads)
     _check_inputs(x, w_qkv, b_qkv, cos, sin, positions, cache_rows, k_cache, v_cache, head_dim, n_kv_heads)
+    path = fused_qkv_path(x, w_qkv, head_dim)
     q = torch.empty((n_tokens, n_heads * head_dim), dtype=x.dtype, device=x.device)
     if n_tokens == 0:
         return q
-    n_pairs = (n_heads + 2 * n_kv_heads) * head_dim // 2
     positions, cache_rows = positions.contiguous(), cache_rows.contiguous()
+    if path == "tma":
+        from ._fused_qkv_rope_cache_tma import launch_tma
+
+        return launch_tma(x, w_qkv, b_qkv, cos, sin, positions, cache_rows, q, k_cache, v_cache, n_heads,
+                          n_kv_heads)
+    n_pairs = (n_heads + 2 * n_kv_heads) * head_dim // 2
 
     def grid(meta):
         return (triton.cdiv(n_tokens, meta["BLOCK_M"]) * triton.cdiv(n_pairs, meta["BLOCK_P"]),)

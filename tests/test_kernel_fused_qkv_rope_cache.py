@@ -8,15 +8,27 @@ Tolerances (relative Frobenius-norm error vs the reference):
   fp16 2e-3 and bf16 1e-2: the kernel rounds once after RoPE, the reference rounds the projection and
   again after RoPE, and the interpreter stores bf16 by truncation (measured ~4e-3 against the reference).
 Cache rows that no token names must stay bit-identical.
+
+Two kernels sit behind the Triton backend: the pointer kernel (any GPU, the interpreter's default) and the
+TMA kernel (compute capability >= 9, head dim 128); FLASH_DLLM_FUSED_QKV_PATH forces one. The TMA tests
+force it, under the interpreter too (which runs tensor descriptors), once per config shape (WIDE one head,
+WIDE two heads, SPLIT half-head column blocks).
 """
 from kernel_testing import DEVICE, TOL, needs_gpu, needs_triton, rel_err  # noqa: F401  (sets TRITON_INTERPRET first)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from flash_dllm.kernels import _fused_qkv_rope_cache_tma as tma_module  # noqa: E402
+from flash_dllm.kernels._fused_qkv_rope_cache_triton import PATH_ENV, fused_qkv_path  # noqa: E402
 from flash_dllm.kernels.fused_qkv_rope_cache import fused_qkv_rope_cache, fused_qkv_rope_cache_reference  # noqa: E402
 
 pytestmark = needs_triton
+HOPPER = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+needs_tma = pytest.mark.skipif(not tma_module.tma_available() or (DEVICE == "cuda" and not HOPPER),
+                               reason="the TMA kernel needs tensor descriptors and (on CUDA) compute capability >= 9")
+needs_hopper = pytest.mark.skipif(not HOPPER or not tma_module.tma_available(),
+                                  reason="TMA at full model shapes runs on a CUDA device of compute capability >= 9")
 
 
 def rope_tables(n_positions: int, head_dim: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,6 +152,83 @@ def test_rope_is_applied_to_q_and_k_only():
     assert torch.equal(v_rot, v_id)
 
 
+# ---- TMA kernel (interpreter, or a CUDA device of compute capability >= 9) ------------------------------------
+
+@pytest.fixture(params=sorted(tma_module.INTERPRETER_CONFIGS))
+def tma_config(request, monkeypatch):
+    """Force the TMA path and run it with one config shape (the autotuner then runs that config only)."""
+    monkeypatch.setenv(PATH_ENV, "tma")
+    monkeypatch.setattr(tma_module._fused_qkv_rope_cache_tma_kernel, "configs",
+                        [tma_module.INTERPRETER_CONFIGS[request.param]])
+    return request.param
+
+
+@needs_tma
+@pytest.mark.parametrize("n_tokens", [1, 3, 17, 129])
+@pytest.mark.parametrize("n_heads,n_kv_heads,bias,d_model", [(4, 4, False, 64), (4, 2, True, 96), (3, 1, True, 80)],
+                         ids=["mha", "gqa-bias", "odd-heads-bias"])
+def test_tma_matches_reference_fp32(tma_config, n_heads, n_kv_heads, bias, d_model, n_tokens):
+    """3 + 2 heads: two-head tiles straddle q|k and the last one runs past the weight (TMA zero-fill);
+    d_model 96 / 80 leave a K tail for 64-wide K tiles (80 also for 32-wide ones). Cache NaN-poisoned."""
+    layer = Layer(n_heads, n_kv_heads, head_dim=128, d_model=d_model, bias=bias, dtype=torch.float32)
+    n_cache_rows = 2 * n_tokens + 7
+    x, positions, cache_rows = tokens(n_tokens, d_model, torch.float32, n_cache_rows)
+    assert fused_qkv_path(x, layer.w, 128) == "tma"
+    compare(layer, x, positions, cache_rows, n_cache_rows, fill=float("nan"))
+
+
+@needs_tma
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_tma_half_precisions(tma_config, dtype):
+    layer = Layer(4, 2, head_dim=128, d_model=96, bias=True, dtype=dtype, theta=1e6)
+    x, positions, cache_rows = tokens(33, 96, dtype, n_cache_rows=80)
+    compare(layer, x, positions, cache_rows, 80)
+
+
+@needs_tma
+def test_tma_int32_indices_and_rope_on_q_k_only(tma_config):
+    layer = Layer(2, 2, head_dim=128, d_model=64, bias=False, dtype=torch.float32)
+    x, positions, cache_rows = tokens(9, 64, torch.float32, n_cache_rows=9)
+    compare(layer, x, positions.int(), cache_rows.int(), 9)
+    k_id, v_id = layer.caches(9)
+    q_id = layer.run(x, torch.zeros_like(positions), cache_rows, k_id, v_id, "triton")
+    plain = (x @ layer.w.T).view(9, 6, 128)
+    assert rel_err(q_id.view(9, 2, 128), plain[:, :2]) <= 1e-5
+    assert rel_err(k_id[cache_rows].view(9, 2, 128), plain[:, 2:4]) <= 1e-5
+    assert rel_err(v_id[cache_rows].view(9, 2, 128), plain[:, 4:]) <= 1e-5
+
+
+def test_path_selection(monkeypatch):
+    """auto: pointer on CPU / under the interpreter; the override is honoured, or refused with a reason."""
+    w = torch.zeros(6 * 128, 64)
+    x = torch.zeros(5, 64)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read per call; also on a GPU run of this file
+    monkeypatch.delenv(PATH_ENV, raising=False)
+    assert fused_qkv_path(x, w, 128) == "pointer"
+    monkeypatch.setenv(PATH_ENV, "auto")
+    assert fused_qkv_path(x, w, 128) == "pointer"
+    monkeypatch.setenv(PATH_ENV, "pointer")
+    assert fused_qkv_path(x, w, 128) == "pointer"
+    monkeypatch.setenv(PATH_ENV, "cublas")
+    with pytest.raises(ValueError, match=f"{PATH_ENV}='cublas'.*auto, pointer, tma"):
+        fused_qkv_path(x, w, 128)
+    if not tma_module.tma_available():
+        return
+    monkeypatch.setenv(PATH_ENV, " TMA ")
+    assert fused_qkv_path(x, w, 128) == "tma"  # the interpreter runs tensor descriptors
+    with pytest.raises(ValueError, match="head dim 128"):
+        fused_qkv_path(x, torch.zeros(6 * 64, 64), 64)
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_qkv_path(torch.zeros(64, 5).T, w, 128)
+    with pytest.raises(ValueError, match="16-byte"):
+        fused_qkv_path(torch.zeros(5, 58), torch.zeros(6 * 128, 58), 128)  # 232-byte rows
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # compiled Triton on CPU tensors: no TMA
+    with pytest.raises(ValueError, match="not a CUDA device"):
+        fused_qkv_path(x, w, 128)
+    monkeypatch.setenv(PATH_ENV, "auto")
+    assert fused_qkv_path(x, w, 128) == "pointer"
+
+
 # ---- full model geometry (GPU only) ------------------------------------------------------------------------
 
 MODELS = {  # n_heads, n_kv_heads, head_dim, d_model, bias, rope theta
@@ -151,7 +240,8 @@ MODELS = {  # n_heads, n_kv_heads, head_dim, d_model, bias, rope theta
 @needs_gpu
 @pytest.mark.parametrize("n_tokens", [1, 17, 128, 1000, 4096])
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_full_layer_bf16(model, n_tokens):
+def test_full_layer_bf16(model, n_tokens, monkeypatch):
+    monkeypatch.setenv(PATH_ENV, "pointer")  # the TMA kernel has its own full-layer test below
     n_heads, n_kv_heads, head_dim, d_model, bias, theta = MODELS[model]
     layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, torch.bfloat16, theta)
     n_cache_rows = 2 * 4096 + 128
@@ -176,10 +266,7 @@ def compiled_variants(kernel) -> int:
     return sum(len(entry[0]) for entry in fn.device_caches.values())
 
 
-@needs_gpu
-def test_token_count_does_not_recompile():
-    from flash_dllm.kernels._fused_qkv_rope_cache_triton import _fused_qkv_rope_cache_kernel
-
+def assert_token_count_does_not_recompile(kernel):
     n_heads, n_kv_heads, head_dim, d_model, bias, theta = MODELS["dream-7b"]
     layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, torch.bfloat16, theta)
     k_cache, v_cache = layer.caches(512)
@@ -187,5 +274,35 @@ def test_token_count_does_not_recompile():
     for n_tokens in (70, 97, 128, 101):  # one autotune bucket, four token counts
         x, positions, cache_rows = tokens(n_tokens, d_model, torch.bfloat16, 512)
         layer.run(x, positions, cache_rows, k_cache, v_cache, "triton")
-        counts.append(compiled_variants(_fused_qkv_rope_cache_kernel))
+        counts.append(compiled_variants(kernel))
     assert counts[0] >= 1 and counts[1:] == counts[:1] * 3, counts
+
+
+@needs_gpu
+def test_token_count_does_not_recompile(monkeypatch):
+    from flash_dllm.kernels._fused_qkv_rope_cache_triton import _fused_qkv_rope_cache_kernel
+
+    monkeypatch.setenv(PATH_ENV, "pointer")
+    assert_token_count_does_not_recompile(_fused_qkv_rope_cache_kernel)
+
+
+@needs_hopper
+def test_tma_token_count_does_not_recompile(monkeypatch):
+    monkeypatch.setenv(PATH_ENV, "tma")
+    assert_token_count_does_not_recompile(tma_module._fused_qkv_rope_cache_tma_kernel)
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("n_tokens", [1, 7, 128, 1000, 4096])
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_tma_full_layer(model, n_tokens, dtype, monkeypatch):
+    """The Hopper default path at LLaDA-8B (MHA) and Dream-7B (GQA, bias) geometry, NaN-poisoned caches."""
+    n_heads, n_kv_heads, head_dim, d_model, bias, theta = MODELS[model]
+    layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, dtype, theta)
+    n_cache_rows = 2 * 4096 + 128
+    x, positions, cache_rows = tokens(n_tokens, d_model, dtype, n_cache_rows)
+    monkeypatch.delenv(PATH_ENV, raising=False)
+    assert fused_qkv_path(x, layer.w, head_dim) == "tma"  # auto picks it here
+    monkeypatch.setenv(PATH_ENV, "tma")
+    compare(layer, x, positions, cache_rows, n_cache_rows, fill=float("nan"))
