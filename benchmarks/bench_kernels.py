@@ -225,6 +225,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", help="write all measurements here")
     parser.add_argument("--tokens", type=int, nargs="+", default=[128, 1024, 4096])
+    parser.add_argument("--ops", nargs="+", choices=("fused", "attention"), default=["fused", "attention"])
     args = parser.parse_args()
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") == "1":
         sys.exit("bench_kernels.py needs a CUDA device and TRITON_INTERPRET unset")
@@ -236,8 +237,11 @@ def main() -> None:
     copy_gbs = copy_bandwidth_gbs()
     print(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
     ROWS.append({"op": "copy", "model": "-", "shape": "1 GiB", "variant": "d2d_copy", "gbs": round(copy_gbs, 1)})
-    cases = [(bench_fused, (model, n, copy_gbs, props.L2_cache_size)) for model in MODELS for n in args.tokens]
-    cases += [(bench_attention, (model,)) for model in MODELS]
+    cases = []
+    if "fused" in args.ops:
+        cases += [(bench_fused, (model, n, copy_gbs, props.L2_cache_size)) for model in MODELS for n in args.tokens]
+    if "attention" in args.ops:
+        cases += [(bench_attention, (model,)) for model in MODELS]
     failed = 0
     for bench, case in cases:
         try:
