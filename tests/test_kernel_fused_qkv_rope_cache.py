@@ -303,6 +303,22 @@ def test_tma_full_layer(model, n_tokens, dtype, monkeypatch):
     n_cache_rows = 2 * 4096 + 128
     x, positions, cache_rows = tokens(n_tokens, d_model, dtype, n_cache_rows)
     monkeypatch.delenv(PATH_ENV, raising=False)
-    assert fused_qkv_path(x, layer.w, head_dim) == "tma"  # auto picks it here
+    narrow_and_small = n_heads + 2 * n_kv_heads < 64 and n_tokens <= 128  # pointer kernel measured faster there
+    assert fused_qkv_path(x, layer.w, head_dim) == ("pointer" if narrow_and_small else "tma")
     monkeypatch.setenv(PATH_ENV, "tma")
     compare(layer, x, positions, cache_rows, n_cache_rows, fill=float("nan"))
+
+
+def test_auto_path_keeps_the_pointer_kernel_for_narrow_weights_at_small_n(monkeypatch):
+    """Where TMA could run, auto still takes the pointer kernel for Dream-like weights (36 heads) up to 128
+    tokens, and TMA for LLaDA-like weights (96 heads) and for larger N."""
+    from flash_dllm.kernels import _fused_qkv_rope_cache_triton as dispatch
+
+    monkeypatch.delenv(PATH_ENV, raising=False)
+    monkeypatch.setattr(dispatch, "_tma_blocker", lambda x, w, head_dim: None)
+    monkeypatch.setattr(dispatch, "interpreting", lambda: False)
+    for heads, n_tokens, expected in ((36, 1, "pointer"), (36, 128, "pointer"), (36, 129, "tma"),
+                                      (96, 1, "tma"), (96, 128, "tma")):
+        x = torch.zeros(n_tokens, 8, dtype=torch.bfloat16)
+        w = torch.zeros(heads * 128, 8, dtype=torch.bfloat16)
+        assert dispatch.fused_qkv_path(x, w, 128) == expected, (heads, n_tokens)
