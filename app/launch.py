@@ -135,7 +135,22 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         close_within(demo, 10.0)
+        # run() is the CLI's body and the process ends after it: a thread stuck in shutdown must not keep
+        # the app alive (in-process callers of run() get the same bound)
+        exit_watchdog(15.0)
     return 0
+
+
+def exit_watchdog(seconds: float):
+    """Bound interpreter shutdown (armed by the CLI when the app has stopped): after Ctrl-C, Python joins every non-daemon thread (Gradio's and
+    concurrent.futures' workers among them) before exiting, and one stuck there kept the app alive past
+    30 s on a loaded CI machine. Normal shutdown runs first; the watchdog only ends a shutdown that hangs."""
+    def force_exit():
+        print(f"flash-dllm-chat: shutdown took more than {seconds:.0f} s; exiting now", flush=True)
+        os._exit(0)
+    timer = threading.Timer(seconds, force_exit)
+    timer.daemon = True
+    timer.start()
 
 
 def close_within(demo, seconds: float):
