@@ -134,17 +134,20 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        close_within(demo, 10.0)
-        # run() is the CLI's body and the process ends after it: a thread stuck in shutdown must not keep
-        # the app alive (in-process callers of run() get the same bound)
-        exit_watchdog(15.0)
+        # run() is the CLI's body and the process ends after it. Gradio's block_thread already spent up to
+        # 5 s joining its server; closing and interpreter shutdown (which joins every non-daemon thread)
+        # get 12 s more in all, so a thread stuck there cannot keep Ctrl-C from ending the app
+        exit_watchdog(12.0)
+        close_within(demo, 8.0)
     return 0
 
 
 def exit_watchdog(seconds: float):
-    """Bound interpreter shutdown (armed by the CLI when the app has stopped): after Ctrl-C, Python joins every non-daemon thread (Gradio's and
-    concurrent.futures' workers among them) before exiting, and one stuck there kept the app alive past
-    30 s on a loaded CI machine. Normal shutdown runs first; the watchdog only ends a shutdown that hangs."""
+    """End the process ``seconds`` from now unless it has ended by itself (armed when the app stops).
+
+    After Ctrl-C, Python joins every non-daemon thread (Gradio's and concurrent.futures' workers among
+    them) before exiting, and one stuck there kept the app alive past 30 s on a loaded CI machine. Normal
+    shutdown runs first; the watchdog only ends a shutdown that hangs."""
     def force_exit():
         print(f"flash-dllm-chat: shutdown took more than {seconds:.0f} s; exiting now", flush=True)
         os._exit(0)

@@ -312,7 +312,12 @@ def test_the_command_serves_the_page_behind_a_login(app, tmp_path):
         with urllib.request.urlopen(urllib.request.Request(base + "/login", data=login), timeout=10) as answer:
             assert answer.status == 200
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
+        try:
+            code = process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            pytest.fail("still running 30 s after Ctrl-C; its output:\n" + "".join(lines) + process.stdout.read())
+        assert code == 0
     finally:
         if process.poll() is None:
             process.kill()
