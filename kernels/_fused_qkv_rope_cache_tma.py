@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from . import interpreting
-from ._fused_qkv_rope_cache_triton import _grouped_tile, _size_class, m_bucket
+from ._fused_qkv_rope_cache_triton import _grouped_tile, m_bucket, size_class_configs, size_class_pruner
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -80,25 +80,11 @@ INTERPRETER_CONFIGS = {
 def _configs() -> list:
     if interpreting():
         return [INTERPRETER_CONFIGS["wide2"]]
-    configs = []
-    for size_class, rows in _CUDA_CANDIDATES.items():
-        for row in rows:
-            cfg = _config(*row)
-            cfg.size_class = size_class
-            configs.append(cfg)
-    return configs
+    return size_class_configs(_CUDA_CANDIDATES, _config)
 
 
-def _prune_configs(configs, named_args, **kwargs):
-    """Benchmark only the call's size class; small M: BLOCK_M == bucket or one 64-row MMA, else <= bucket."""
-    bucket = {**named_args, **kwargs}["M_BUCKET"]
-    wanted = _size_class(bucket)
-
-    def fits(block_m: int) -> bool:
-        return block_m in (bucket, 64) if wanted == "small" else block_m <= bucket
-
-    kept = [c for c in configs if getattr(c, "size_class", wanted) == wanted and fits(c.kwargs["BLOCK_M"])]
-    return kept or configs[:1]
+# small M: BLOCK_M == bucket, or one 64-row warpgroup MMA
+_prune_configs = size_class_pruner(lambda bucket: (bucket, 64))
 
 
 @triton.autotune(configs=_configs(), key=["M_BUCKET", "d_model", "n_qkv_heads"],

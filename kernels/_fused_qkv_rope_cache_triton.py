@@ -56,28 +56,39 @@ def _size_class(bucket: int) -> str:
     return "small" if bucket <= 32 else "medium" if bucket <= 256 else "large"
 
 
-def _configs() -> list:
-    if interpreting():  # multi-config autotune needs a driver; big tiles = few interpreted programs
-        return [_config(64, 64, 64, 1, 4)]
+def size_class_configs(candidates: dict, make_config) -> list:
+    """Autotune configs from {size class: [make_config args]}, each tagged with its size class."""
     configs = []
-    for size_class, rows in _CUDA_CANDIDATES.items():
+    for size_class, rows in candidates.items():
         for row in rows:
-            cfg = _config(*row)
+            cfg = make_config(*row)
             cfg.size_class = size_class
             configs.append(cfg)
     return configs
 
 
-def _prune_configs(configs, named_args, **kwargs):
-    """Benchmark only the candidates of the call's size class that fit the bucket (small M: exactly)."""
-    bucket = {**named_args, **kwargs}["M_BUCKET"]
-    wanted = _size_class(bucket)
+def size_class_pruner(small_block_ms):
+    """early_config_prune: only the call's size class; small M keeps BLOCK_M in small_block_ms(bucket),
+    larger classes every BLOCK_M <= bucket."""
+    def prune(configs, named_args, **kwargs):
+        bucket = {**named_args, **kwargs}["M_BUCKET"]
+        wanted = _size_class(bucket)
 
-    def fits(block_m: int) -> bool:
-        return block_m == bucket if wanted == "small" else block_m <= bucket
+        def fits(block_m: int) -> bool:
+            return block_m in small_block_ms(bucket) if wanted == "small" else block_m <= bucket
 
-    kept = [c for c in configs if getattr(c, "size_class", wanted) == wanted and fits(c.kwargs["BLOCK_M"])]
-    return kept or configs[:1]
+        kept = [c for c in configs if getattr(c, "size_class", wanted) == wanted and fits(c.kwargs["BLOCK_M"])]
+        return kept or configs[:1]
+    return prune
+
+
+def _configs() -> list:
+    if interpreting():  # multi-config autotune needs a driver; big tiles = few interpreted programs
+        return [_config(64, 64, 64, 1, 4)]
+    return size_class_configs(_CUDA_CANDIDATES, _config)
+
+
+_prune_configs = size_class_pruner(lambda bucket: (bucket,))  # small M: exactly one tile of the bucket
 
 
 @triton.autotune(configs=_configs(), key=["M_BUCKET", "d_model", "n_pairs"],
