@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 
 from . import interpreting
-from ._fused_qkv_rope_cache_triton import _grouped_tile, m_bucket, size_class_configs, size_class_pruner
+from ._fused_qkv_rope_cache_triton import (_grouped_tile, _store_halves, m_bucket, size_class_configs,
+                                           size_class_pruner)
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -172,21 +173,15 @@ def _epilogue(lo, hi, head, ctx, HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr,
         cos = tl.load(cos_ptr + pos[:, None] * stride_cos + offs_d[None, :])
         sin = tl.load(sin_ptr + pos[:, None] * stride_sin + offs_d[None, :])
         lo, hi = lo * cos - hi * sin, hi * cos + lo * sin
+    rows_ok = m_ok[:, None]
     if head < n_heads:
-        _store_halves(q_ptr, offs_m.to(tl.int64) * stride_q, col, lo, hi, m_ok, HALF)
+        _store_halves(q_ptr, offs_m.to(tl.int64) * stride_q, col, lo, hi, rows_ok, HALF)
     elif head < kv_first:
         cache_row = tl.load(rows_ptr + offs_m, mask=m_ok, other=0).to(tl.int64)
-        _store_halves(k_cache_ptr, cache_row * stride_kc, col - n_heads * HEAD_DIM, lo, hi, m_ok, HALF)
+        _store_halves(k_cache_ptr, cache_row * stride_kc, col - n_heads * HEAD_DIM, lo, hi, rows_ok, HALF)
     elif head < n_qkv_heads:
         cache_row = tl.load(rows_ptr + offs_m, mask=m_ok, other=0).to(tl.int64)
-        _store_halves(v_cache_ptr, cache_row * stride_vc, col - kv_first * HEAD_DIM, lo, hi, m_ok, HALF)
-
-
-@triton.jit
-def _store_halves(base_ptr, row_offsets, col_offsets, lo, hi, m_ok, HALF: tl.constexpr):
-    ptrs = base_ptr + row_offsets[:, None] + col_offsets[None, :]
-    tl.store(ptrs, lo.to(base_ptr.dtype.element_ty), mask=m_ok[:, None])
-    tl.store(ptrs + HALF, hi.to(base_ptr.dtype.element_ty), mask=m_ok[:, None])
+        _store_halves(v_cache_ptr, cache_row * stride_vc, col - kv_first * HEAD_DIM, lo, hi, rows_ok, HALF)
 
 
 def launch_tma(x, w_qkv, b_qkv, cos, sin, positions, cache_rows, q, k_cache, v_cache, n_heads, n_kv_heads):

@@ -10,8 +10,10 @@ suffix. Under uniform masks that context is exponentially rare in the prefix len
 prefix beside a masked suffix almost never occurs), so a small model never practises the case it is used
 in. A block-view row keeps the answer before a random block boundary clean, masks the current block with
 probability t (weighted 1/t, the same term as above restricted to the block), and masks everything after it
-(the t = 1 term, weight 1). Both views are terms of the masked-diffusion bound on the same data. ``model_from_llada_state`` + ``forward_hidden`` are
-the inference code itself, so training and inference cannot drift apart.
+(the t = 1 term, weight 1). Both views are terms of the masked-diffusion bound on the same data.
+
+``model_from_llada_state`` + ``forward_hidden`` are the inference code itself, so training and inference
+cannot drift apart.
 """
 from __future__ import annotations
 

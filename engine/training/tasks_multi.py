@@ -59,11 +59,7 @@ def _distinct(rng, split):
     pool = [v for v in range(lo + 1, hi) if PROPERTIES[prop](v)]
     if len(pool) < n + 2 or not in_split(split, "distinct", prop, lo, hi, n):
         return None
-    text = rng.choice(DISTINCT_FRAMES).format(n=COUNT_WORDS[n], prop=prop, lo=lo, hi=hi)
-    head = f"{COUNT_WORDS[n].capitalize()} different {prop} between {lo} and {hi}"
-    out = rng.sample(pool, n)
-    return Example("multi", "distinct", [user(text)], f"{head}: {join_list(out)}.",
-                   {"head": head, "n": n, "valid": pool})
+    return _distinct_example(rng, prop, n, lo, hi, pool)
 
 
 def _distinct_dense(rng, split):
@@ -78,6 +74,10 @@ def _distinct_dense(rng, split):
     pool = [v for v in range(lo + 1, hi) if PROPERTIES[prop](v)]
     if not n + 1 <= len(pool) <= n + 3 or not in_split(split, "distinct", prop, lo, hi, n):
         return None
+    return _distinct_example(rng, prop, n, lo, hi, pool)
+
+
+def _distinct_example(rng, prop, n, lo, hi, pool):
     text = rng.choice(DISTINCT_FRAMES).format(n=COUNT_WORDS[n], prop=prop, lo=lo, hi=hi)
     head = f"{COUNT_WORDS[n].capitalize()} different {prop} between {lo} and {hi}"
     return Example("multi", "distinct", [user(text)], f"{head}: {join_list(rng.sample(pool, n))}.",
