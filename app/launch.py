@@ -13,6 +13,8 @@ import sys
 import threading
 from pathlib import Path
 
+from flash_dllm.app import shutdown
+
 SHARE_WARNING = ("Anyone with the public link can use this machine: its GPU, your chats and the model "
                  "downloads. The link lasts up to a week while the app runs.")
 
@@ -129,31 +131,17 @@ def run(args: argparse.Namespace) -> int:
         print(ctx.share_note, flush=True)
     print(f"flash-dllm-chat is running at {demo.local_url}" + (" (login required)" if auth else "")
           + "  (Ctrl-C stops it; chats are saved in " + str(paths.data_dir() / "chats") + ")", flush=True)
+    shutdown.watch_interrupts(20.0)  # from Ctrl-C on, the app has 20 s to end, whatever hangs
     try:
         demo.block_thread()
     except KeyboardInterrupt:
         pass
     finally:
-        # run() is the CLI's body and the process ends after it. Gradio's block_thread already spent up to
-        # 5 s joining its server; closing and interpreter shutdown (which joins every non-daemon thread)
-        # get 12 s more in all, so a thread stuck there cannot keep Ctrl-C from ending the app
-        exit_watchdog(12.0)
+        # run() is the CLI's body and the process ends here: Gradio's block_thread already spent up to 5 s
+        # joining its server; closing gets 8 s more, then the process leaves without interpreter shutdown
         close_within(demo, 8.0)
+        shutdown.exit_process(0, 12.0)
     return 0
-
-
-def exit_watchdog(seconds: float):
-    """End the process ``seconds`` from now unless it has ended by itself (armed when the app stops).
-
-    After Ctrl-C, Python joins every non-daemon thread (Gradio's and concurrent.futures' workers among
-    them) before exiting, and one stuck there kept the app alive past 30 s on a loaded CI machine. Normal
-    shutdown runs first; the watchdog only ends a shutdown that hangs."""
-    def force_exit():
-        print(f"flash-dllm-chat: shutdown took more than {seconds:.0f} s; exiting now", flush=True)
-        os._exit(0)
-    timer = threading.Timer(seconds, force_exit)
-    timer.daemon = True
-    timer.start()
 
 
 def close_within(demo, seconds: float):

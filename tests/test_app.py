@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from gradio_client import Client
+from process_testing import interruptible
 
 from flash_dllm.app.chats import ChatStore
 from flash_dllm.app.launch import parse_auth, serve, share_note, LaunchError
@@ -292,7 +293,8 @@ def test_the_command_serves_the_page_behind_a_login(app, tmp_path):
     env = dict(os.environ, FLASH_DLLM_HOME=str(tmp_path / "home"))
     command = [sys.executable, "-c", "from flash_dllm.app.cli import main; raise SystemExit(main())",
                "--model", str(app.folder), "--no-browser", "--port", str(port), "--auth", "ann:secret"]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=interruptible)
     lines = []
     try:
         deadline = time.time() + 120
@@ -315,8 +317,11 @@ def test_the_command_serves_the_page_behind_a_login(app, tmp_path):
         try:
             code = process.wait(timeout=30)
         except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGUSR1)  # the app dumps every thread's stack (app/shutdown.py)
+            time.sleep(2)
             process.kill()
-            pytest.fail("still running 30 s after Ctrl-C; its output:\n" + "".join(lines) + process.stdout.read())
+            pytest.fail("still running 30 s after Ctrl-C; its output and stacks:\n" + "".join(lines)
+                        + process.stdout.read())
         assert code == 0
     finally:
         if process.poll() is None:
