@@ -182,3 +182,30 @@ def test_dense_multi_items_train_exclusion_and_stay_out_of_the_test_split():
             assert example.meta["n"] <= 5
             if example.kind == "distinct":
                 assert len(example.meta["valid"]) >= example.meta["n"] + 2
+
+
+def _transfer_share(split: str, n: int = 1500) -> float:
+    rng, transfers, events = random.Random(11), 0, 0
+    for _ in range(n):
+        example = tasks_word.word_problem(rng, split)
+        for frame in example.meta["frames"][1:-1]:  # the events (not the opening, not the question)
+            core = next(c for c in tasks_word.CORES if c.text == frame)
+            if core.op in ("add", "sub"):
+                events += 1
+                transfers += "{M}" in frame
+    return transfers / events
+
+
+def test_training_draws_transfers_more_often_than_the_test_split():
+    """Training emphasises the events a small model misreads (TRAIN_TRANSFER_SHARE); the test set does not."""
+    train, test = _transfer_share("train"), _transfer_share("test")
+    assert abs(train - tasks_word.TRAIN_TRANSFER_SHARE) < 0.04
+    assert test < train - 0.08  # the test split picks uniformly over its cores (a third are transfers)
+
+
+def test_training_mix_spec_takes_weights_and_rejects_unknown_families():
+    assert data.parse_mix("word,multi") == {"word": data.TRAIN_MIX["word"], "multi": data.TRAIN_MIX["multi"]}
+    assert data.parse_mix("word:0.5, chat:0.1") == {"word": 0.5, "chat": 0.1}
+    for bad in ("poetry", "word:0", "word:-1", ""):
+        with pytest.raises(ValueError):
+            data.parse_mix(bad)

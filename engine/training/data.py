@@ -35,6 +35,21 @@ SYSTEM_RATE = 0.1  # share of conversations that open with a system message (the
 TEST_SEED = 20261202
 
 
+def parse_mix(spec: str) -> dict[str, float]:
+    """``"word,multi"`` or ``"word:0.5,multi:0.3"`` -> {family: weight}; a bare name takes its TRAIN_MIX weight."""
+    mix = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, weight = item.partition(":")
+        if name not in TRAIN_MIX:
+            raise ValueError(f"unknown task family {name!r} (known: {', '.join(FAMILIES)})")
+        mix[name] = float(weight) if weight else TRAIN_MIX[name]
+        if not mix[name] > 0:
+            raise ValueError(f"family {name!r} needs a positive weight, not {weight}")
+    if not mix:
+        raise ValueError("no task family given")
+    return mix
+
+
 def sample(rng: random.Random, split: str = "train", family: str | None = None) -> Example:
     family = family or rng.choices(list(TRAIN_MIX), list(TRAIN_MIX.values()))[0]
     example = GENERATORS[family](rng, split)

@@ -112,7 +112,7 @@ def _worker(args) -> dict[tuple[int, int], Bucket]:
     tokenizer = Tokenizer.from_str(tokenizer_json)
     eos_id, eot_id = tokenizer.token_to_id(EOS), tokenizer.token_to_id(EOT)
     rng = random.Random(seed)
-    mix = {f: w for f, w in data.TRAIN_MIX.items() if f in families}
+    mix = dict(families)  # (family, weight) pairs
     grouped: dict[tuple[int, int], list] = {}
     for start in range(0, count, 4096):
         chunk = [data.sample(rng, "train", rng.choices(list(mix), list(mix.values()))[0])
@@ -137,7 +137,8 @@ class PoolStream:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # processes, not tokenizer threads, do the work
         n_shards = max(1, -(-n_examples // shard_size))
         sizes = [n_examples // n_shards + (i < n_examples % n_shards) for i in range(n_shards)]
-        self.jobs = [(tokenizer.to_str(), seed * 100_003 + i, size, tuple(families), policy)
+        mix = data.parse_mix(families if isinstance(families, str) else ",".join(families))
+        self.jobs = [(tokenizer.to_str(), seed * 100_003 + i, size, tuple(mix.items()), policy)
                      for i, size in enumerate(sizes) if size]
         self.procs = None
         if workers > 1:

@@ -104,10 +104,18 @@ CORES: list[Core] = (
               [" now", " at the end", " in the end", " after all that", " at the end of the day"])
 )
 _BY_OP: dict[tuple[str, bool], list[Core]] = {}
+_BY_OP_AND_KIND: dict[tuple[str, bool, bool], list[Core]] = {}  # (op, test, is a transfer)
 for _core in CORES:
     _BY_OP.setdefault((_core.op, _core.test), []).append(_core)
+    _BY_OP_AND_KIND.setdefault((_core.op, _core.test, "{M}" in _core.text), []).append(_core)
 
 OP_WEIGHTS = {"add": 3.0, "sub": 3.0, "mul": 1.0, "div": 1.0, "group_add": 1.2, "group_sub": 1.0}
+# Training only (the test distribution is the one above): an evaluation of the bundled model put most misread
+# held-out events in two groups, transfers (whose direction is read from which name is the subject: the
+# model subtracted for "Lena mails 143 more toys to Ruby" when Ruby is the one counted) and the fixed-factor
+# cues ("doubles the"). So training draws them more often than the test does.
+TRAIN_OP_WEIGHTS = dict(OP_WEIGHTS, mul=1.4, div=1.2)
+TRAIN_TRANSFER_SHARE = 0.45  # of add/sub events (a uniform pick over the training cores gives 25%)
 TRAIN_OP_COUNTS = ([2, 3, 4, 5], [1, 3, 3, 3])  # a few 2-step problems help the chains start to train
 TEST_OP_COUNTS = ([3, 4, 5], [1, 1, 1])
 MAX_VALUE = 999  # every intermediate result stays within three digits
@@ -119,6 +127,8 @@ def frames(split: str) -> set[str]:
 
 
 def _pick(rng: random.Random, op: str, split: str) -> Core:
+    if split != "test" and op in ("add", "sub"):
+        return rng.choice(_BY_OP_AND_KIND[(op, False, rng.random() < TRAIN_TRANSFER_SHARE)])
     return rng.choice(_BY_OP[(op, split == "test")])
 
 
@@ -198,7 +208,8 @@ def word_problem(rng: random.Random, split: str) -> Example:
             ops = _feasible(cur, target - used)
             if not ops:
                 return None
-            op = rng.choices(ops, [OP_WEIGHTS[o] for o in ops])[0]
+            weights = OP_WEIGHTS if split == "test" else TRAIN_OP_WEIGHTS
+            op = rng.choices(ops, [weights[o] for o in ops])[0]
             step = _step(rng, op, cur, split, slots)
             if step is None:
                 return None

@@ -22,7 +22,7 @@ import torch
 
 from flash_dllm.engine.config import config_from_dict
 
-from . import artifacts, bpe
+from . import artifacts, bpe, data
 from .objective import init_params, masked_diffusion_loss, stratified_t
 from .pool import PoolStream, WindowPolicy
 from .run_config import PRESETS, TrainConfig, lr_at, make_tokenizer, parse_args, pick_device, progress_bar
@@ -50,8 +50,8 @@ class Trainer:
         self.started = time.time()
         workers = cfg.workers or max(1, len(os.sched_getaffinity(0)) - 2)
         policy = WindowPolicy(cfg.p_long, cfg.p_any, cfg.long_window, tuple(int(w) for w in cfg.windows.split(",")))
-        families = tuple(cfg.families.split(","))
-        self.stream = PoolStream(self.tokenizer, cfg.pool, cfg.seed, workers, families, policy)
+        families = tuple(data.parse_mix(cfg.families))  # the spec may carry weights: "word:0.5,multi:0.3"
+        self.stream = PoolStream(self.tokenizer, cfg.pool, cfg.seed, workers, cfg.families, policy)
         self.device = pick_device(cfg.device)
         self.batcher = Batcher(cfg.tokens_per_step, self.device, cfg.seed, self.eos_id)
         self.val = ValidationSet(self.tokenizer, families, cfg.val_per_family, policy, self.device)
