@@ -11,6 +11,7 @@ import ipaddress
 import os
 import sys
 import threading
+import traceback
 from pathlib import Path
 
 from flash_dllm.app import shutdown
@@ -132,16 +133,19 @@ def run(args: argparse.Namespace) -> int:
     print(f"flash-dllm-chat is running at {demo.local_url}" + (" (login required)" if auth else "")
           + "  (Ctrl-C stops it; chats are saved in " + str(paths.data_dir() / "chats") + ")", flush=True)
     shutdown.watch_interrupts(20.0)  # from Ctrl-C on, the app has 20 s to end, whatever hangs
+    code = 0
     try:
         demo.block_thread()
     except KeyboardInterrupt:
         pass
-    finally:
-        # run() is the CLI's body and the process ends here: Gradio's block_thread already spent up to 5 s
-        # joining its server; closing gets 8 s more, then the process leaves without interpreter shutdown
-        close_within(demo, 8.0)
-        shutdown.exit_process(0, 12.0)
-    return 0
+    except Exception:  # shown, then the same bounded exit as Ctrl-C
+        traceback.print_exc()
+        code = 1
+    # run() is the CLI's body and the process ends here: Gradio's block_thread already spent up to 5 s
+    # joining its server; closing gets 8 s more, then the process leaves without interpreter shutdown
+    close_within(demo, 8.0)
+    shutdown.exit_process(code, 12.0)
+    return code  # not reached: exit_process ends the process
 
 
 def close_within(demo, seconds: float):

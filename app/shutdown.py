@@ -44,8 +44,8 @@ def arm_deadline(seconds: float) -> None:
 
 
 def watch_interrupts(seconds: float) -> bool:
-    """From the first SIGINT/SIGTERM on, the process has ``seconds`` to end. Main thread only; False where the
-    platform cannot (no wakeup fd), in which case the served run's own deadline still applies."""
+    """From the first Ctrl-C (SIGINT) on, the process has ``seconds`` to end. Main thread only; False where
+    the platform cannot (no wakeup fd), in which case the served run's own deadline still applies."""
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
@@ -66,7 +66,9 @@ def watch_interrupts(seconds: float) -> bool:
                 continue
             except OSError:
                 return
-            if received:
+            if not received:
+                return
+            if signal.SIGINT in received:  # the fd carries every handled signal's number, not only Ctrl-C's
                 arm_deadline(seconds)
                 return
     threading.Thread(target=wait_for_signal, name="interrupt-deadline", daemon=True).start()

@@ -67,3 +67,19 @@ def test_a_hanging_atexit_hook_is_cut_off_by_the_deadline():
     """)
     code, output, seconds = finish(process, 30)
     assert code == 0 and "shutdown took more than 2 s" in output and seconds < 20
+
+
+def test_other_handled_signals_do_not_start_the_deadline():
+    # the wakeup fd also carries signals other code handles (a terminal resize, a child's exit): only Ctrl-C
+    # may start the countdown
+    process = spawn("""
+        import signal
+        signal.signal(signal.SIGUSR2, lambda *_: None)
+        assert shutdown.watch_interrupts(1.0)
+        print("ready", flush=True)
+        time.sleep(3)
+        print("survived", flush=True)
+    """)
+    process.send_signal(signal.SIGUSR2)
+    code, output, _ = finish(process, 30)
+    assert code == 0 and "survived" in output and "shutdown took" not in output
