@@ -69,6 +69,8 @@ GROUP_STRUCTURES = ["{N} {v} {k} {cont} with {b} {obj} in each {cont1}", "{N} {v
 FRACTIONS = {"half": 2, "a third": 3, "a quarter": 4}
 TIMES = {"twice": 2, "three times": 3, "four times": 4}
 MULTIPLIES = {"doubles": 2, "triples": 3}
+MULTIPLY_STRUCTURES = ["{N} {v} the {obj}", "{N} {v} the number of {obj}", "The number of {obj} that {N} has {v}"]
+TRAIN_ONLY_MULTIPLIES = {"quadruples": 4}
 OWN_VERBS = ["has", "owns", "starts with", "begins with", "keeps"]
 
 CORES: list[Core] = (
@@ -81,8 +83,12 @@ CORES: list[Core] = (
               TRANSFER_VERBS, period=3)
     + _square("sub", ["{N} {v} {M} {x} {obj}", "{N} {v} {x} {obj} to {M}", "{N} {v} {x} of the {obj} to {M}"],
               TRANSFER_VERBS, period=3)
-    + _square("mul", ["{N} {v} the {obj}", "{N} {v} the number of {obj}", "The number of {obj} that {N} has {v}"],
-              list(MULTIPLIES), MULTIPLIES.get, period=3)
+    + _square("mul", MULTIPLY_STRUCTURES, list(MULTIPLIES), MULTIPLIES.get, period=3)
+    # Training only: with two verbs, two of these structures were trained with one of them alone, and the
+    # model read the structure, not the verb ("doubles the" came out x3 or x4). A third verb in every
+    # structure teaches that the verb sets the factor. The held-out cores are unchanged.
+    + [Core(structure.replace("{v}", verb), "mul", structure, verb, factor)
+       for structure in MULTIPLY_STRUCTURES for verb, factor in TRAIN_ONLY_MULTIPLIES.items()]
     + _square("mul", ["{N} now has {v} as many {obj}", "{N} ends up with {v} as many {obj}",
                       "Now {N} has {v} as many {obj} as before"], list(TIMES), TIMES.get, period=3)
     + _square("mul", ["{N} now has {k} times as many {obj}", "{N} ends up with {k} times as many {obj}"], [""],
