@@ -145,7 +145,6 @@ def run(args: argparse.Namespace) -> int:
     # joining its server; closing gets 8 s more, then the process leaves without interpreter shutdown
     close_within(demo, 8.0)
     shutdown.exit_process(code, 12.0)
-    return code  # not reached: exit_process ends the process
 
 
 def close_within(demo, seconds: float):

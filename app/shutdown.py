@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+from typing import NoReturn
 
 _deadline_lock = threading.Lock()
 _deadline_armed = False
@@ -75,7 +76,7 @@ def watch_interrupts(seconds: float) -> bool:
     return True
 
 
-def exit_process(code: int, seconds: float) -> None:
+def exit_process(code: int, seconds: float) -> NoReturn:
     """Run the atexit hooks (bounded by the deadline), flush, and leave without interpreter finalisation."""
     arm_deadline(seconds)
     try:

@@ -106,13 +106,13 @@ def _to_bucket(rows) -> Bucket:
 
 
 def _worker(args) -> dict[tuple[int, int], Bucket]:
-    tokenizer_json, seed, count, families, policy = args
+    tokenizer_json, seed, count, mix_items, policy = args
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_str(tokenizer_json)
     eos_id, eot_id = tokenizer.token_to_id(EOS), tokenizer.token_to_id(EOT)
     rng = random.Random(seed)
-    mix = dict(families)  # (family, weight) pairs
+    mix = dict(mix_items)  # (family, weight) pairs
     grouped: dict[tuple[int, int], list] = {}
     for start in range(0, count, 4096):
         chunk = [data.sample(rng, "train", rng.choices(list(mix), list(mix.values()))[0])
@@ -132,12 +132,12 @@ class PoolStream:
     ``ready(block=True)`` waits for at least one.
     """
 
-    def __init__(self, tokenizer, n_examples: int, seed: int, workers: int = 1, families=data.FAMILIES,
+    def __init__(self, tokenizer, n_examples: int, seed: int, workers: int = 1, mix: dict | None = None,
                  policy: WindowPolicy = WindowPolicy(), shard_size: int = 25_000):
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # processes, not tokenizer threads, do the work
         n_shards = max(1, -(-n_examples // shard_size))
         sizes = [n_examples // n_shards + (i < n_examples % n_shards) for i in range(n_shards)]
-        mix = data.parse_mix(families if isinstance(families, str) else ",".join(families))
+        mix = mix or data.TRAIN_MIX  # {family: weight}, as data.parse_mix gives it
         self.jobs = [(tokenizer.to_str(), seed * 100_003 + i, size, tuple(mix.items()), policy)
                      for i, size in enumerate(sizes) if size]
         self.procs = None
@@ -187,10 +187,10 @@ def merge(parts) -> Pool:
     return pool
 
 
-def build_pool(tokenizer, n_examples: int, seed: int, workers: int = 1, families=data.FAMILIES,
+def build_pool(tokenizer, n_examples: int, seed: int, workers: int = 1, mix: dict | None = None,
                policy: WindowPolicy = WindowPolicy()) -> Pool:
     """The whole pool at once (tests, small CPU runs)."""
-    stream = PoolStream(tokenizer, n_examples, seed, workers, families, policy, shard_size=max(1, n_examples // max(1, workers)))
+    stream = PoolStream(tokenizer, n_examples, seed, workers, mix, policy, shard_size=max(1, n_examples // max(1, workers)))
     parts = []
     while not stream.done:
         parts += stream.ready(block=True)

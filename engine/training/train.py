@@ -50,8 +50,9 @@ class Trainer:
         self.started = time.time()
         workers = cfg.workers or max(1, len(os.sched_getaffinity(0)) - 2)
         policy = WindowPolicy(cfg.p_long, cfg.p_any, cfg.long_window, tuple(int(w) for w in cfg.windows.split(",")))
-        families = tuple(data.parse_mix(cfg.families))  # the spec may carry weights: "word:0.5,multi:0.3"
-        self.stream = PoolStream(self.tokenizer, cfg.pool, cfg.seed, workers, cfg.families, policy)
+        mix = data.parse_mix(cfg.families)  # the spec may carry weights: "word:0.5,multi:0.3"
+        families = tuple(mix)
+        self.stream = PoolStream(self.tokenizer, cfg.pool, cfg.seed, workers, mix, policy)
         self.device = pick_device(cfg.device)
         self.batcher = Batcher(cfg.tokens_per_step, self.device, cfg.seed, self.eos_id)
         self.val = ValidationSet(self.tokenizer, families, cfg.val_per_family, policy, self.device)
