@@ -10,7 +10,11 @@ Training also draws *dense* items (``DENSE_SHARE`` of distinct and category item
 up to six items from a pool barely larger than that. With 16 animals and 4 slots, knowing that "bear" and
 "pig" are taken is worth only log(16/14) nats per slot, a signal a small model leaves unlearned (the bundled
 model's slots stayed flat, "pig" at 0.074 beside "bear, pig,"); when 5 of 7 are taken the last slots are
-nearly determined, and the exclusion it must learn is the same. Held-out items are drawn as before.
+nearly determined, and the exclusion it must learn is the same. Category prompts name no range, so their
+dense items ask for more: up to ``len(pool) - 2`` of a category, counts seven to twelve spelled out (training
+only). Animals (16) kept repeating one ("frog, frog, cat, frog") with six of 16 the most ever asked.
+Training also draws two-number sums more often (``TRAIN_KIND_WEIGHTS``): their failures are the second
+number off by ten, a subtraction the model gets too little practice at. Held-out items are drawn as before.
 """
 from __future__ import annotations
 
@@ -46,6 +50,8 @@ SUM_FRAMES = ["Give two numbers that add up to {n}.", "Name two positive numbers
               "Write two numbers that sum to {n}."]
 DENSE_SHARE = 0.4
 KIND_WEIGHTS = {"distinct": 3, "category": 2, "perm_digits": 2, "perm_words": 1, "sum_pair": 2}
+TRAIN_KIND_WEIGHTS = {**KIND_WEIGHTS, "sum_pair": 3}
+TRAIN_COUNT_WORDS = {**COUNT_WORDS, 7: "seven", 8: "eight", 9: "nine", 10: "ten", 11: "eleven", 12: "twelve"}
 SUM_LINE = re.compile(r"^(\d+) \+ (\d+) = (\d+)\.$")
 
 
@@ -87,10 +93,11 @@ def _distinct_example(rng, prop, n, lo, hi, pool):
 def _category(rng, split):
     cat = rng.choice(list(CATEGORIES))
     dense = split == "train" and rng.random() < DENSE_SHARE
-    n = rng.randint(4, 6) if dense else rng.randint(2, 5)
+    n = rng.randint(4, min(12, len(CATEGORIES[cat]) - 2)) if dense else rng.randint(2, 5)
     # only ~100 distinct prompts exist, so they are shared by both splits; the answers are drawn afresh
-    text = rng.choice(CATEGORY_FRAMES).format(n=COUNT_WORDS[n], cat=cat)
-    head = f"{COUNT_WORDS[n].capitalize()} different {cat}"
+    count = TRAIN_COUNT_WORDS[n]
+    text = rng.choice(CATEGORY_FRAMES).format(n=count, cat=cat)
+    head = f"{count.capitalize()} different {cat}"
     out = rng.sample(CATEGORIES[cat], n)
     return Example("multi", "category", [user(text)], f"{head}: {join_list(out)}.",
                    {"head": head, "n": n, "valid": CATEGORIES[cat]})
@@ -131,7 +138,8 @@ MAKERS = {"distinct": _distinct, "category": _category, "perm_digits": _perm_dig
 
 
 def multi_answer(rng: random.Random, split: str, kind: str | None = None) -> Example:
-    kind = kind or rng.choices(list(KIND_WEIGHTS), list(KIND_WEIGHTS.values()))[0]
+    weights = TRAIN_KIND_WEIGHTS if split == "train" else KIND_WEIGHTS
+    kind = kind or rng.choices(list(weights), list(weights.values()))[0]
     return retry(lambda: MAKERS[kind](rng, split))
 
 
