@@ -64,6 +64,9 @@ ADD_VERBS = ["buys", "finds", "picks up", "wins", "collects", "earns", "makes", 
 SUB_VERBS = ["loses", "sells", "uses", "gives away", "throws away", "spends", "trades away", "drops", "breaks",
              "donates"]
 TRANSFER_VERBS = ["gives", "sends", "hands", "passes", "mails"]  # the subject is the one who loses them
+TRAIN_ONLY_TRANSFER_VERBS = ["lends", "ships", "brings", "tosses"]
+ADD_TRANSFERS = ["{M} {v} {N} {x} {obj}", "{M} {v} {x} {obj} to {N}", "{M} {v} {x} more {obj} to {N}"]
+SUB_TRANSFERS = ["{N} {v} {M} {x} {obj}", "{N} {v} {x} {obj} to {M}", "{N} {v} {x} of the {obj} to {M}"]
 GROUP_STRUCTURES = ["{N} {v} {k} {cont} with {b} {obj} in each {cont1}", "{N} {v} {k} {cont} of {b} {obj} each",
                     "{N} {v} {k} {cont}, and each {cont1} holds {b} {obj}", "{N} {v} {k} {cont} that each hold {b} {obj}"]
 FRACTIONS = {"half": 2, "a third": 3, "a quarter": 4}
@@ -79,10 +82,14 @@ CORES: list[Core] = (
     + _square("sub", ["{N} {v} {x} {obj}", "{N} {v} {x} of the {obj}", "{N} also {v} {x} {obj}",
                       "{N} {v} {x} of those {obj}"], SUB_VERBS)
     # the direction of a transfer is read from who is the subject: the same verbs add and subtract
-    + _square("add", ["{M} {v} {N} {x} {obj}", "{M} {v} {x} {obj} to {N}", "{M} {v} {x} more {obj} to {N}"],
-              TRANSFER_VERBS, period=3)
-    + _square("sub", ["{N} {v} {M} {x} {obj}", "{N} {v} {x} {obj} to {M}", "{N} {v} {x} of the {obj} to {M}"],
-              TRANSFER_VERBS, period=3)
+    + _square("add", ADD_TRANSFERS, TRANSFER_VERBS, period=3)
+    + _square("sub", SUB_TRANSFERS, TRANSFER_VERBS, period=3)
+    # Training only: a held-out (structure, verb) pair such as "{N} hands {x} {obj} to {M}" was read in the
+    # direction its verb had in training ("{M} hands {x} {obj} to {N}" adds): the model keyed on the verb,
+    # not on which name is counted. Verbs seen in both directions of every structure make the names decide.
+    + [Core(structure.replace("{v}", verb), op, structure, verb, None)
+       for op, structures in (("add", ADD_TRANSFERS), ("sub", SUB_TRANSFERS))
+       for structure in structures for verb in TRAIN_ONLY_TRANSFER_VERBS]
     + _square("mul", MULTIPLY_STRUCTURES, list(MULTIPLIES), MULTIPLIES.get, period=3)
     # Training only: with two verbs, two of these structures were trained with one of them alone, and the
     # model read the structure, not the verb ("doubles the" came out x3 or x4). A third verb in every
