@@ -177,21 +177,3 @@ class PoolStream:
             self.procs.terminate()
             self.procs = None
 
-
-def merge(parts) -> Pool:
-    pool = Pool()
-    for key in sorted({k for part in parts for k in part}):
-        pieces = [part[key] for part in parts if key in part]
-        pool.buckets[key] = Bucket(*(np.concatenate([getattr(p, f) for p in pieces]) for f in
-                                     ("prompts", "answers", "prompt_lens", "families")))
-    return pool
-
-
-def build_pool(tokenizer, n_examples: int, seed: int, workers: int = 1, mix: dict | None = None,
-               policy: WindowPolicy = WindowPolicy()) -> Pool:
-    """The whole pool at once (tests, small CPU runs)."""
-    stream = PoolStream(tokenizer, n_examples, seed, workers, mix, policy, shard_size=max(1, n_examples // max(1, workers)))
-    parts = []
-    while not stream.done:
-        parts += stream.ready(block=True)
-    return merge(parts)
