@@ -226,3 +226,21 @@ def test_training_mix_spec_takes_weights_and_rejects_unknown_families():
     for bad in ("poetry", "word:0", "word:-1", ""):
         with pytest.raises(ValueError):
             data.parse_mix(bad)
+
+
+def test_training_only_vocabulary_never_reaches_the_test_split():
+    """Training-only transfer verbs, "quadruples" and category counts above five appear in training only."""
+    from flash_dllm.engine.training import tasks_multi
+
+    train_only = [*tasks_word.TRAIN_ONLY_TRANSFER_VERBS, *tasks_word.TRAIN_ONLY_MULTIPLIES]
+    big_counts = [tasks_multi.TRAIN_COUNT_WORDS[n] for n in range(6, 13)]
+    for example in data.test_set("word", 300):
+        assert not any(f" {verb} " in example.messages[-1]["content"] for verb in train_only)
+    for example in data.test_set("multi", 300):
+        assert not any(count in example.messages[-1]["content"].lower().split() for count in big_counts)
+    rng = random.Random(5)
+    words = " ".join(tasks_word.word_problem(rng, "train").messages[-1]["content"] for _ in range(400))
+    assert all(f" {verb} " in words for verb in train_only)
+    categories = [tasks_multi.multi_answer(rng, "train", "category") for _ in range(400)]
+    assert all(data.check(example, example.response) for example in categories)
+    assert max(example.meta["n"] for example in categories) == 12  # animals: up to 14 of 16, capped at 12
