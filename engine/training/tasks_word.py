@@ -16,7 +16,7 @@ numbers depend on earlier generated ones, which is what makes these chains seque
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .tasks_base import Example, integers, retry, user
 
@@ -60,6 +60,11 @@ def _square(op, structures, verbs, factor_of=None, period=4):
     return out
 
 
+def _train_only(op, structures, verbs, factor_of=None):
+    """Cores of every (structure, verb) pair, none held out: vocabulary that only training sees."""
+    return [replace(core, test=False) for core in _square(op, structures, verbs, factor_of)]
+
+
 ADD_VERBS = ["buys", "finds", "picks up", "wins", "collects", "earns", "makes", "gets", "receives", "gathers"]
 SUB_VERBS = ["loses", "sells", "uses", "gives away", "throws away", "spends", "trades away", "drops", "breaks",
              "donates"]
@@ -87,15 +92,13 @@ CORES: list[Core] = (
     # Training only: a held-out (structure, verb) pair such as "{N} hands {x} {obj} to {M}" was read in the
     # direction its verb had in training ("{M} hands {x} {obj} to {N}" adds): the model keyed on the verb,
     # not on which name is counted. Verbs seen in both directions of every structure make the names decide.
-    + [Core(structure.replace("{v}", verb), op, structure, verb, None)
-       for op, structures in (("add", ADD_TRANSFERS), ("sub", SUB_TRANSFERS))
-       for structure in structures for verb in TRAIN_ONLY_TRANSFER_VERBS]
+    + _train_only("add", ADD_TRANSFERS, TRAIN_ONLY_TRANSFER_VERBS)
+    + _train_only("sub", SUB_TRANSFERS, TRAIN_ONLY_TRANSFER_VERBS)
     + _square("mul", MULTIPLY_STRUCTURES, list(MULTIPLIES), MULTIPLIES.get, period=3)
     # Training only: with two verbs, two of these structures were trained with one of them alone, and the
     # model read the structure, not the verb ("doubles the" came out x3 or x4). A third verb in every
     # structure teaches that the verb sets the factor. The held-out cores are unchanged.
-    + [Core(structure.replace("{v}", verb), "mul", structure, verb, factor)
-       for structure in MULTIPLY_STRUCTURES for verb, factor in TRAIN_ONLY_MULTIPLIES.items()]
+    + _train_only("mul", MULTIPLY_STRUCTURES, list(TRAIN_ONLY_MULTIPLIES), TRAIN_ONLY_MULTIPLIES.get)
     + _square("mul", ["{N} now has {v} as many {obj}", "{N} ends up with {v} as many {obj}",
                       "Now {N} has {v} as many {obj} as before"], list(TIMES), TIMES.get, period=3)
     + _square("mul", ["{N} now has {k} times as many {obj}", "{N} ends up with {k} times as many {obj}"], [""],
