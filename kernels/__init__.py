@@ -43,3 +43,31 @@ def resolve_backend(requested: str | None, device: torch.device | str) -> str:
         if device.type != "cuda" and not interpreting():
             raise ValueError("--kernels triton needs a CUDA device (or TRITON_INTERPRET=1 for the CPU interpreter)")
     return requested
+
+
+def gpu_time_ms(fn, reps: int = 20, quantiles=None):
+    """Median CUDA time (ms) of fn() alone, L2 cold, host launch cost hidden; a list for `quantiles`.
+
+    Before each timed call the stream clears a 256 MB buffer (evicting L2) and then spins for ~1 ms
+    (torch.cuda._sleep), so the host has issued fn's launches before the GPU reaches them and the events time
+    the kernels, not the launch gap. triton.testing.do_bench times that gap too whenever fn's host cost
+    exceeds its flush (~100-250 us for a Triton launch with tensor descriptors, far more than a 20-40 us
+    kernel), which made autotuning at small token counts pick by noise. Used by the autotuners (Triton's
+    `do_bench=` hook) and the fused QKV path's own tuning; signature-compatible with do_bench's call there.
+    """
+    fn()
+    torch.cuda.synchronize()
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends):
+        flush.zero_()
+        torch.cuda._sleep(2_000_000)  # cycles: ~1 ms at H200 clocks
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    times = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)])
+    if quantiles is None:
+        return times.median().item()
+    return torch.quantile(times, torch.tensor(list(quantiles))).tolist()

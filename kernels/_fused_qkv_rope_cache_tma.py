@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import interpreting
+from . import gpu_time_ms, interpreting
 from ._fused_qkv_rope_cache_triton import (_grouped_tile, _store_halves, m_bucket, size_class_configs,
                                            size_class_pruner)
 
@@ -61,13 +61,15 @@ def _config(block_m, heads, block_h, block_k, stages, warps, group_m=8):
 # BLOCK_M 64 pads the tokens to one warpgroup MMA. Medium M is still mostly weight traffic: enough programs
 # for every SM. Large M is compute bound: 128 x 256 tiles (two heads) with grouped ordering so a group of row
 # tiles shares each weight slice in L2; one-head, 64-row and SPLIT tiles trade tile efficiency for a fuller
-# last wave (Dream at 1000 tokens: 144 two-head tiles on 132 SMs).
+# last wave (Dream at 1000 tokens: 144 two-head tiles on 132 SMs). 128 x 128 tiles on one warpgroup with five
+# or six stages: the best at LLaDA's 128 tokens (benchmarks/probe_splitk.py, probe_fused_schedules.py).
 _CUDA_CANDIDATES = {
     "small": [(bm, 1, bh, 128, s, 4) for bm in (16, 32, 64) for bh, s in ((16, 6), (32, 5), (64, 4))],
     "medium": [(64, 1, 16, 128, 5, 4), (64, 1, 32, 128, 4, 4), (64, 1, 64, 64, 4, 4), (64, 2, 64, 64, 3, 4),
-               (128, 1, 32, 64, 4, 8), (128, 1, 64, 64, 4, 8), (128, 2, 64, 64, 3, 8)],
+               (128, 1, 32, 64, 4, 8), (128, 1, 64, 64, 4, 8), (128, 2, 64, 64, 3, 8), (128, 1, 64, 64, 5, 4),
+               (128, 1, 64, 64, 6, 4)],
     "large": [(128, 2, 64, 64, 3, 8), (128, 2, 64, 64, 4, 8), (128, 1, 64, 64, 4, 8), (128, 1, 64, 128, 3, 8),
-              (128, 1, 32, 64, 4, 8), (64, 2, 64, 64, 4, 4), (64, 1, 64, 64, 4, 4)],
+              (128, 1, 32, 64, 4, 8), (64, 2, 64, 64, 4, 4), (64, 1, 64, 64, 4, 4), (128, 1, 64, 64, 4, 4)],
 }
 
 # Interpreter: one config runs (multi-config autotuning needs a driver); tests swap in the others.
@@ -89,7 +91,7 @@ _prune_configs = size_class_pruner(lambda bucket: (bucket, 64))
 
 
 @triton.autotune(configs=_configs(), key=["M_BUCKET", "d_model", "n_qkv_heads"],
-                 prune_configs_by={"early_config_prune": _prune_configs})
+                 prune_configs_by={"early_config_prune": _prune_configs}, do_bench=gpu_time_ms)
 @triton.jit(do_not_specialize=["n_tokens"])
 def _fused_qkv_rope_cache_tma_kernel(
     x_desc, w_desc, b_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
@@ -113,29 +115,13 @@ def _fused_qkv_rope_cache_tma_kernel(
     w_row = head0 * HEAD_DIM + d0
     off_m = pid_m * BLOCK_M
 
-    ctx = (off_m, n_tokens, d0, b_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+    ctx = (n_tokens, b_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
            n_heads, n_kv_heads, n_qkv_heads, stride_cos, stride_sin, stride_q, stride_kc, stride_vc)
 
     if WIDE:
-        acc = tl.zeros([BLOCK_M, HEADS * HEAD_DIM], dtype=tl.float32)
-        for k in range(0, d_model, BLOCK_K):
-            a = x_desc.load([off_m, k])
-            w = w_desc.load([w_row, k])
-            if UPCAST:  # the interpreter multiplies bf16 bit patterns; do its math in fp32
-                a, w = a.to(tl.float32), w.to(tl.float32)
-            acc = tl.dot(a, w.T, acc, input_precision=DOT_PRECISION)
-        if HEADS == 1:
-            # column s*Dh/2 + d -> (d, s): the pair axis last, so split hands back lo (s=0) and hi (s=1)
-            lo, hi = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, HALF]), (0, 2, 1)))
-            _epilogue(lo, hi, head0, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, BLOCK_H)
-        else:
-            # column h*Dh + s*Dh/2 + d -> (d, s, h): split off the head, then the half; one head at a time
-            # keeps the epilogue's live registers to one head's worth
-            acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, 2, HALF]), (0, 3, 2, 1)))
-            lo, hi = tl.split(acc0)
-            _epilogue(lo, hi, head0, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, BLOCK_H)
-            lo, hi = tl.split(acc1)
-            _epilogue(lo, hi, head0 + 1, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, BLOCK_H)
+        acc = wide_mainloop(x_desc, w_desc, off_m, w_row, 0, d_model, UPCAST, DOT_PRECISION, BLOCK_M,
+                            HEADS * HEAD_DIM, BLOCK_K)
+        wide_epilogue(acc, head0, off_m, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, HEADS)
     else:
         acc_lo = tl.zeros([BLOCK_M, BLOCK_H], dtype=tl.float32)
         acc_hi = tl.zeros([BLOCK_M, BLOCK_H], dtype=tl.float32)
@@ -147,17 +133,52 @@ def _fused_qkv_rope_cache_tma_kernel(
                 a, w_lo, w_hi = a.to(tl.float32), w_lo.to(tl.float32), w_hi.to(tl.float32)
             acc_lo = tl.dot(a, w_lo.T, acc_lo, input_precision=DOT_PRECISION)
             acc_hi = tl.dot(a, w_hi.T, acc_hi, input_precision=DOT_PRECISION)
-        _epilogue(acc_lo, acc_hi, head0, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, BLOCK_H)
+        epilogue(acc_lo, acc_hi, head0, off_m, d0, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, BLOCK_H)
 
 
 @triton.jit
-def _epilogue(lo, hi, head, ctx, HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_H: tl.constexpr):
-    """Bias, RoPE (q and k heads) and the store of one head's [BLOCK_M, BLOCK_H] lo/hi column blocks.
+def wide_mainloop(x_desc, w_desc, off_m, w_row, k_begin, k_end, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 x[off_m:+BLOCK_M, k] @ W[w_row:+BLOCK_N, k]^T summed over k in [k_begin, k_end) step BLOCK_K:
+    one [BLOCK_N, BLOCK_K] weight tile and one dot as wide as the tile per K step."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(k_begin, k_end, BLOCK_K):
+        a = x_desc.load([off_m, k])
+        w = w_desc.load([w_row, k])
+        if UPCAST:  # the interpreter multiplies bf16 bit patterns; do its math in fp32
+            a, w = a.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(a, w.T, acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
+def wide_epilogue(acc, head0, off_m, ctx, HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                  HEADS: tl.constexpr):
+    """Epilogue of a [BLOCK_M, HEADS*Dh] accumulator of whole heads head0.. (one head at a time)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    if HEADS == 1:
+        # column s*Dh/2 + d -> (d, s): the pair axis last, so split hands back lo (s=0) and hi (s=1)
+        lo, hi = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, HALF]), (0, 2, 1)))
+        epilogue(lo, hi, head0, off_m, 0, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, HALF)
+    else:
+        # column h*Dh + s*Dh/2 + d -> (d, s, h): split off the head, then the half; one head at a time
+        # keeps the epilogue's live registers to one head's worth
+        acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, 2, HALF]), (0, 3, 2, 1)))
+        lo, hi = tl.split(acc0)
+        epilogue(lo, hi, head0, off_m, 0, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, HALF)
+        lo, hi = tl.split(acc1)
+        epilogue(lo, hi, head0 + 1, off_m, 0, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, HALF)
+
+
+@triton.jit
+def epilogue(lo, hi, head, off_m, d0, ctx, HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_H: tl.constexpr):
+    """Bias, RoPE (q and k heads) and the store of one head's [BLOCK_M, BLOCK_H] lo/hi column blocks (tokens
+    off_m.., lo columns d0.. of the head).
 
     The head is a scalar, so exactly one of the q / k / v stores is issued (none past the last head).
     """
-    (off_m, n_tokens, d0, b_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+    (n_tokens, b_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
      n_heads, n_kv_heads, n_qkv_heads, stride_cos, stride_sin, stride_q, stride_kc, stride_vc) = ctx
     HALF: tl.constexpr = HEAD_DIM // 2
     offs_m = off_m + tl.arange(0, BLOCK_M)

@@ -3,15 +3,17 @@
 One GEMM over the stacked weight whose output columns are walked as rotary *pairs*: pair p is column d of
 head g's first half together with its partner column d + Dh/2. A program owns BLOCK_M tokens x BLOCK_P
 pairs; its weight tile gathers the rows pair-interleaved (lo, hi, lo, hi, ...), so a single fp32 accumulator
-splits in registers into `lo` and `hi` and rotate-half RoPE is plain element-wise math in the epilogue. Because tiles are cut in pair space, a tile may
-cover part of a head, one head or several heads, and q/k/v is decided per column: q columns go to the q
-output, k columns (rotated) and v columns (not rotated) go straight to their cache rows.
+splits in registers into `lo` and `hi` and rotate-half RoPE is plain element-wise math in the epilogue.
+Because tiles are cut in pair space, a tile may cover part of a head, one head or several heads, and q/k/v
+is decided per column: q columns go to the q output, k columns (rotated) and v columns (not rotated) go
+straight to their cache rows.
 
 Token count is a runtime argument (never a constexpr, and not specialised), so any N reuses the compiled
 kernel; on CUDA the autotuner is keyed on a power-of-two bucket of N, so at most one tuning per bucket.
 
-On Hopper and newer (head dim 128) the dispatcher runs the TMA kernel of _fused_qkv_rope_cache_tma.py
-instead; FLASH_DLLM_FUSED_QKV_PATH=pointer|tma|auto overrides the choice (see `fused_qkv_path`).
+On Hopper and newer (head dim 128) the dispatcher also has the TMA kernels: data-parallel
+(_fused_qkv_rope_cache_tma.py) and stream-K (_fused_qkv_rope_cache_streamk.py); `auto` times the three once per
+problem and keeps the fastest. FLASH_DLLM_FUSED_QKV_PATH=pointer|tma|streamk|auto overrides (`fused_qkv_path`).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreting
+from . import gpu_time_ms, interpreting
 
 MAX_M_BUCKET = 4096
 
@@ -92,7 +94,7 @@ _prune_configs = size_class_pruner(lambda bucket: (bucket,))  # small M: exactly
 
 
 @triton.autotune(configs=_configs(), key=["M_BUCKET", "d_model", "n_pairs"],
-                 prune_configs_by={"early_config_prune": _prune_configs})
+                 prune_configs_by={"early_config_prune": _prune_configs}, do_bench=gpu_time_ms)
 @triton.heuristics({"EVEN_K": lambda args: args["d_model"] % args["BLOCK_K"] == 0})
 @triton.jit(do_not_specialize=["n_tokens"])
 def _fused_qkv_rope_cache_kernel(
@@ -212,7 +214,8 @@ def _check_inputs(x, w_qkv, b_qkv, cos, sin, positions, cache_rows, k_cache, v_c
 
 
 PATH_ENV = "FLASH_DLLM_FUSED_QKV_PATH"
-PATHS = ("auto", "pointer", "tma")
+PATHS = ("auto", "pointer", "tma", "streamk")
+TMA_PATHS = ("tma", "streamk")  # the two Hopper schedules (both read x and w_qkv through tensor descriptors)
 
 
 @functools.lru_cache(maxsize=None)
@@ -228,7 +231,7 @@ def _requested_path() -> str:
 
 
 def _tma_blocker(x: torch.Tensor, w_qkv: torch.Tensor, head_dim: int) -> str | None:
-    """Why the TMA kernel cannot run on these inputs, or None when it can."""
+    """Why the TMA kernels cannot run on these inputs, or None when they can."""
     from ._fused_qkv_rope_cache_tma import TMA_HEAD_DIM, tma_available
 
     if not tma_available():
@@ -248,45 +251,59 @@ def _tma_blocker(x: torch.Tensor, w_qkv: torch.Tensor, head_dim: int) -> str | N
     return None
 
 
-SMALL_N_NARROW = 128  # token counts up to this use the pointer kernel on narrow weights (see fused_qkv_path)
-WIDE_HEADS = 64  # stacked q/k/v heads from which a weight counts as wide
+def problem_key(x: torch.Tensor, w_qkv: torch.Tensor, has_bias: bool, n_heads: int) -> tuple:
+    """What a measured choice is keyed on: device, token-count bucket, layer geometry, dtype, bias."""
+    return (x.device, m_bucket(x.shape[0]), x.shape[1], w_qkv.shape[0], n_heads, x.dtype, has_bias)
 
 
-def fused_qkv_path(x: torch.Tensor, w_qkv: torch.Tensor, head_dim: int) -> str:
-    """Which kernel fused_qkv_rope_cache_triton runs for these inputs: "tma" or "pointer".
+# auto on Hopper: the fastest of the three kernels, timed on the first call of each problem key (every path
+# is exact to within its rounding; the choice only moves time). Measured on the H200 (2026-12-03): no fixed
+# rule fits (e.g. Dream-7B at 128 tokens: streamk 18.2 us, pointer 19.5, tma 23.6; LLaDA-8B: tma fastest).
+_MEASURED: dict = {}
+AUTO_CANDIDATES = ("pointer", "tma", "streamk")
+
+
+def fused_qkv_path(x: torch.Tensor, w_qkv: torch.Tensor, head_dim: int, key: tuple | None = None) -> str:
+    """Which kernel fused_qkv_rope_cache_triton runs for these inputs: "pointer", "tma" or "streamk".
 
     FLASH_DLLM_FUSED_QKV_PATH (read per call):
-      auto (default)  TMA on a CUDA device of compute capability >= 9 for fp16/bf16, head dim 128 and
-                      TMA-compatible x / w_qkv; the pointer kernel otherwise (always under the interpreter).
+      auto (default)  on a CUDA device of compute capability >= 9, fp16/bf16, head dim 128 and TMA-compatible
+                      x / w_qkv: the path measured fastest for `key` (see problem_key), "tma" until measured;
+                      the pointer kernel otherwise (always under the interpreter).
       pointer         the pointer kernel.
-      tma             the TMA kernel (also under the interpreter); ValueError saying why if it cannot run.
+      tma / streamk   the data-parallel / stream-K TMA kernel (also under the interpreter); ValueError saying
+                      why if it cannot run.
     Any other value raises ValueError.
     """
     requested = _requested_path()
     if requested == "pointer":
         return "pointer"
     blocker = _tma_blocker(x, w_qkv, head_dim)
-    if requested == "tma":
+    if requested in TMA_PATHS:
         if blocker is not None:
-            raise ValueError(f"{PATH_ENV}=tma, but {blocker}")
-        return "tma"
-    auto_ok = blocker is None and not interpreting() and x.dtype in (torch.float16, torch.bfloat16)
-    # Measured on the H200 (2026-12-03, CUDA-graph medians): TMA wins everywhere but on narrow weights at
-    # small N (Dream, 36 heads, 128 tokens: 23.3 us TMA vs 19.4 us pointer), where whole-head tiles leave
-    # too few programs to stream the weight; LLaDA's 96 heads at 128 tokens still favour TMA (34.8 vs 37.2).
-    narrow_and_small = x.shape[0] <= SMALL_N_NARROW and w_qkv.shape[0] // head_dim < WIDE_HEADS
-    return "tma" if auto_ok and not narrow_and_small else "pointer"
+            raise ValueError(f"{PATH_ENV}={requested}, but {blocker}")
+        return requested
+    if blocker is None and not interpreting() and x.dtype in (torch.float16, torch.bfloat16):
+        return _MEASURED.get(key, "tma")
+    return "pointer"
+
+
+def _measure_auto(key: tuple, run) -> str:
+    """Time every candidate path (each tunes itself on its first run) and remember the fastest for key."""
+    times = {path: gpu_time_ms(lambda: run(path)) for path in AUTO_CANDIDATES}
+    _MEASURED[key] = min(times, key=times.get)
+    return _MEASURED[key]
 
 
 def fused_qkv_kernel(path: str):
-    """The autotuned kernel object of a path ("pointer" or "tma"), e.g. for its best_config."""
+    """The autotuned Triton kernel object of "pointer" or "tma" (e.g. for its best_config)."""
     if path == "tma":
         from ._fused_qkv_rope_cache_tma import _fused_qkv_rope_cache_tma_kernel
 
         return _fused_qkv_rope_cache_tma_kernel
     if path == "pointer":
         return _fused_qkv_rope_cache_kernel
-    raise ValueError(f"unknown fused QKV kernel path {path!r}")
+    raise ValueError(f"no single autotuned kernel for fused QKV kernel path {path!r}")
 
 
 def fused_qkv_rope_cache_triton(x, w_qkv, b_qkv, cos, sin, positions, cache_rows, k_cache, v_cache,
@@ -295,16 +312,35 @@ def fused_qkv_rope_cache_triton(x, w_qkv, b_qkv, cos, sin, positions, cache_rows
     n_tokens, d_model = x.shape
     head_dim = w_qkv.shape[0] // (n_heads + 2 * n_kv_heads)
     _check_inputs(x, w_qkv, b_qkv, cos, sin, positions, cache_rows, k_cache, v_cache, head_dim, n_kv_heads)
-    path = fused_qkv_path(x, w_qkv, head_dim)
-    q = torch.empty((n_tokens, n_heads * head_dim), dtype=x.dtype, device=x.device)
+    key = problem_key(x, w_qkv, b_qkv is not None, n_heads)
+    path = fused_qkv_path(x, w_qkv, head_dim, key)
     if n_tokens == 0:
-        return q
+        return torch.empty((0, n_heads * head_dim), dtype=x.dtype, device=x.device)
     positions, cache_rows = positions.contiguous(), cache_rows.contiguous()
-    if path == "tma":
-        from ._fused_qkv_rope_cache_tma import launch_tma
 
-        return launch_tma(x, w_qkv, b_qkv, cos, sin, positions, cache_rows, q, k_cache, v_cache, n_heads,
-                          n_kv_heads)
+    def run(run_path: str) -> torch.Tensor:
+        q = torch.empty((n_tokens, n_heads * head_dim), dtype=x.dtype, device=x.device)
+        args = (x, w_qkv, b_qkv, cos, sin, positions, cache_rows, q, k_cache, v_cache, n_heads, n_kv_heads)
+        if run_path == "tma":
+            from ._fused_qkv_rope_cache_tma import launch_tma
+
+            return launch_tma(*args)
+        if run_path == "streamk":
+            from ._fused_qkv_rope_cache_streamk import launch_streamk, streamk_config
+
+            return launch_streamk(*args, streamk_config(key, lambda config: launch_streamk(*args, config)))
+        return _launch_pointer(*args, head_dim)
+
+    if (_requested_path() == "auto" and path != "pointer" and key not in _MEASURED
+            and not torch.cuda.is_current_stream_capturing()):
+        # re-running a path rewrites the same K/V cache rows with the same values: timing it is harmless
+        path = _measure_auto(key, run)
+    return run(path)
+
+
+def _launch_pointer(x, w_qkv, b_qkv, cos, sin, positions, cache_rows, q, k_cache, v_cache, n_heads, n_kv_heads,
+                    head_dim):
+    n_tokens, d_model = x.shape
     n_pairs = (n_heads + 2 * n_kv_heads) * head_dim // 2
 
     def grid(meta):

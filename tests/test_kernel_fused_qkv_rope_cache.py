@@ -10,16 +10,19 @@ Tolerances (relative Frobenius-norm error vs the reference):
 Cache rows that no token names must stay bit-identical.
 
 Two kernels sit behind the Triton backend: the pointer kernel (any GPU, the interpreter's default) and the
-TMA kernel (compute capability >= 9, head dim 128); FLASH_DLLM_FUSED_QKV_PATH forces one. The TMA tests
-force it, under the interpreter too (which runs tensor descriptors), once per config shape (WIDE one head,
-WIDE two heads, SPLIT half-head column blocks).
+TMA kernels (compute capability >= 9, head dim 128: a data-parallel grid and a stream-K schedule);
+FLASH_DLLM_FUSED_QKV_PATH forces one. The TMA tests force them, under the interpreter too (which runs tensor
+descriptors), once per config shape (WIDE one head, WIDE two heads, SPLIT half-head column blocks; the
+split-K-tail schedule with one- and two-head tiles over 7 "SMs": whole and split tail tiles).
 """
 from kernel_testing import DEVICE, TOL, needs_gpu, needs_triton, rel_err  # noqa: F401  (sets TRITON_INTERPRET first)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from flash_dllm.kernels import _fused_qkv_rope_cache_streamk as streamk_module  # noqa: E402
 from flash_dllm.kernels import _fused_qkv_rope_cache_tma as tma_module  # noqa: E402
+from flash_dllm.kernels import _fused_qkv_rope_cache_triton as dispatch  # noqa: E402
 from flash_dllm.kernels._fused_qkv_rope_cache_triton import PATH_ENV, fused_qkv_path  # noqa: E402
 from flash_dllm.kernels.fused_qkv_rope_cache import fused_qkv_rope_cache, fused_qkv_rope_cache_reference  # noqa: E402
 
@@ -198,6 +201,76 @@ def test_tma_int32_indices_and_rope_on_q_k_only(tma_config):
     assert rel_err(v_id[cache_rows].view(9, 2, 128), plain[:, 4:]) <= 1e-5
 
 
+# ---- stream-K schedule of the TMA kernel ------------------------------------------------------------------------
+
+STREAMK_CUDA = {"one_head": streamk_module.StreamKConfig(64, 1, 32, 3, 4),
+                "two_heads": streamk_module.StreamKConfig(128, 2, 32, 2, 8)}
+
+
+@pytest.fixture(params=sorted(streamk_module.INTERPRETER_CONFIGS))
+def streamk_config(request, monkeypatch):
+    """Force the stream-K path with one tile shape (interpreter: 7 programs; GPU: one CUDA config, untuned)."""
+    monkeypatch.setenv(PATH_ENV, "streamk")
+    monkeypatch.setattr(streamk_module, "interpreter_config", streamk_module.INTERPRETER_CONFIGS[request.param])
+    monkeypatch.setattr(streamk_module, "CUDA_CONFIGS", [STREAMK_CUDA[request.param]])
+    monkeypatch.setattr(streamk_module, "_BEST", {})
+    return request.param
+
+
+@needs_tma
+@pytest.mark.parametrize("n_tokens", [1, 3, 17, 129])
+@pytest.mark.parametrize("n_heads,n_kv_heads,bias,d_model", [(4, 4, False, 64), (4, 2, True, 96), (3, 1, True, 80)],
+                         ids=["mha", "gqa-bias", "odd-heads-bias"])
+def test_streamk_matches_reference_fp32(streamk_config, n_heads, n_kv_heads, bias, d_model, n_tokens):
+    """Data-parallel tiles, whole tail tiles and tail tiles split over 2-3 programs; NaN-poisoned caches."""
+    layer = Layer(n_heads, n_kv_heads, head_dim=128, d_model=d_model, bias=bias, dtype=torch.float32)
+    n_cache_rows = 2 * n_tokens + 7
+    x, positions, cache_rows = tokens(n_tokens, d_model, torch.float32, n_cache_rows)
+    assert fused_qkv_path(x, layer.w, 128) == "streamk"
+    compare(layer, x, positions, cache_rows, n_cache_rows, fill=float("nan"))
+
+
+@needs_tma
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_streamk_half_precisions(streamk_config, dtype):
+    layer = Layer(4, 2, head_dim=128, d_model=96, bias=True, dtype=dtype, theta=1e6)
+    x, positions, cache_rows = tokens(33, 96, dtype, n_cache_rows=80)
+    compare(layer, x, positions, cache_rows, 80)
+
+
+@needs_tma
+@pytest.mark.parametrize("n_heads,n_kv_heads,d_model,n_tokens", [(4, 2, 96, 1), (3, 1, 80, 5)])
+def test_streamk_reads_only_slots_written_by_this_launch(streamk_config, n_heads, n_kv_heads, d_model, n_tokens):
+    """A NaN-poisoned workspace between two launches changes no bit: the reduce kernel reads exactly the slots
+    that the launch before it wrote, and sums them in a fixed order (bitwise reproducible). Under the
+    interpreter one of the two shapes splits tail tiles for each tile shape."""
+    layer = Layer(n_heads, n_kv_heads, head_dim=128, d_model=d_model, bias=True, dtype=torch.float32)
+    x, positions, cache_rows = tokens(n_tokens, d_model, torch.float32, n_cache_rows=12)
+    k1, v1 = layer.caches(12)
+    q1 = layer.run(x, positions, cache_rows, k1, v1, "triton")
+    for workspace in streamk_module._WORKSPACES.values():
+        workspace.fill_(float("nan"))
+    k2, v2 = layer.caches(12)
+    q2 = layer.run(x, positions, cache_rows, k2, v2, "triton")
+    for first, second in ((q1, q2), (k1, k2), (v1, v2)):
+        assert torch.equal(first.view(torch.int32), second.view(torch.int32))
+
+
+@pytest.mark.parametrize("n_programs", [7, 132])
+def test_streamk_schedule_splits_each_tail_tile_exactly(n_programs):
+    """Host mirror of the schedule: data-parallel waves are whole, the tail's split programs fit in the grid,
+    and each tail tile's K ranges are non-empty and cover its K steps once."""
+    for n_tiles in range(1, 3 * n_programs):
+        for d_model, block_k in ((64, 64), (80, 32), (3584, 64), (4096, 128)):
+            n_full, tail, splits, iters = streamk_module.schedule(n_tiles, n_programs, d_model, block_k)
+            assert n_full % n_programs == 0 and n_full + tail == n_tiles and 0 <= tail < n_programs
+            assert 1 <= splits <= iters and tail * splits <= n_programs
+            bounds = [s * iters // splits for s in range(splits + 1)]
+            assert bounds[0] == 0 and bounds[-1] == iters and all(a < b for a, b in zip(bounds, bounds[1:]))
+    assert streamk_module.schedule(36, 132, 3584, 64) == (0, 36, 3, 56)  # Dream-7B, 128 tokens, one-head tiles
+    assert streamk_module.schedule(144, 132, 3584, 64) == (132, 12, 11, 56)  # Dream-7B, 1024 tokens, two heads
+
+
 def test_path_selection(monkeypatch):
     """auto: pointer on CPU / under the interpreter; the override is honoured, or refused with a reason."""
     w = torch.zeros(6 * 128, 64)
@@ -210,12 +283,14 @@ def test_path_selection(monkeypatch):
     monkeypatch.setenv(PATH_ENV, "pointer")
     assert fused_qkv_path(x, w, 128) == "pointer"
     monkeypatch.setenv(PATH_ENV, "cublas")
-    with pytest.raises(ValueError, match=f"{PATH_ENV}='cublas'.*auto, pointer, tma"):
+    with pytest.raises(ValueError, match=f"{PATH_ENV}='cublas'.*auto, pointer, tma, streamk"):
         fused_qkv_path(x, w, 128)
     if not tma_module.tma_available():
         return
     monkeypatch.setenv(PATH_ENV, " TMA ")
     assert fused_qkv_path(x, w, 128) == "tma"  # the interpreter runs tensor descriptors
+    monkeypatch.setenv(PATH_ENV, "streamk")
+    assert fused_qkv_path(x, w, 128) == "streamk"
     with pytest.raises(ValueError, match="head dim 128"):
         fused_qkv_path(x, torch.zeros(6 * 64, 64), 64)
     with pytest.raises(ValueError, match="contiguous"):
@@ -223,7 +298,7 @@ def test_path_selection(monkeypatch):
     with pytest.raises(ValueError, match="16-byte"):
         fused_qkv_path(torch.zeros(5, 58), torch.zeros(6 * 128, 58), 128)  # 232-byte rows
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # compiled Triton on CPU tensors: no TMA
-    with pytest.raises(ValueError, match="not a CUDA device"):
+    with pytest.raises(ValueError, match="streamk, but x is on cpu, not a CUDA device"):
         fused_qkv_path(x, w, 128)
     monkeypatch.setenv(PATH_ENV, "auto")
     assert fused_qkv_path(x, w, 128) == "pointer"
@@ -293,32 +368,52 @@ def test_tma_token_count_does_not_recompile(monkeypatch):
 
 
 @needs_hopper
+@pytest.mark.parametrize("path", ["tma", "streamk"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("n_tokens", [1, 7, 128, 1000, 4096])
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_tma_full_layer(model, n_tokens, dtype, monkeypatch):
-    """The Hopper default path at LLaDA-8B (MHA) and Dream-7B (GQA, bias) geometry, NaN-poisoned caches."""
+def test_tma_full_layer(model, n_tokens, dtype, path, monkeypatch):
+    """Both Hopper schedules at LLaDA-8B (MHA) and Dream-7B (GQA, bias) geometry, NaN-poisoned caches."""
     n_heads, n_kv_heads, head_dim, d_model, bias, theta = MODELS[model]
     layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, dtype, theta)
     n_cache_rows = 2 * 4096 + 128
     x, positions, cache_rows = tokens(n_tokens, d_model, dtype, n_cache_rows)
-    monkeypatch.delenv(PATH_ENV, raising=False)
-    narrow_and_small = n_heads + 2 * n_kv_heads < 64 and n_tokens <= 128  # pointer kernel measured faster there
-    assert fused_qkv_path(x, layer.w, head_dim) == ("pointer" if narrow_and_small else "tma")
-    monkeypatch.setenv(PATH_ENV, "tma")
+    monkeypatch.setenv(PATH_ENV, path)
     compare(layer, x, positions, cache_rows, n_cache_rows, fill=float("nan"))
 
 
-def test_auto_path_keeps_the_pointer_kernel_for_narrow_weights_at_small_n(monkeypatch):
-    """Where TMA could run, auto still takes the pointer kernel for Dream-like weights (36 heads) up to 128
-    tokens, and TMA for LLaDA-like weights (96 heads) and for larger N."""
-    from flash_dllm.kernels import _fused_qkv_rope_cache_triton as dispatch
+@needs_hopper
+@pytest.mark.parametrize("n_tokens", [128, 1000])
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_auto_path_measures_and_keeps_its_choice(model, n_tokens, monkeypatch):
+    """auto times the three kernels on the first call of a problem, then runs the chosen one."""
+    n_heads, n_kv_heads, head_dim, d_model, bias, theta = MODELS[model]
+    layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, torch.bfloat16, theta)
+    x, positions, cache_rows = tokens(n_tokens, d_model, torch.bfloat16, 2 * 4096)
+    monkeypatch.delenv(PATH_ENV, raising=False)
+    monkeypatch.setattr(dispatch, "_MEASURED", {})
+    compare(layer, x, positions, cache_rows, 2 * 4096)
+    key = dispatch.problem_key(x, layer.w, bias, n_heads)
+    assert dispatch._MEASURED[key] in dispatch.AUTO_CANDIDATES
+    assert fused_qkv_path(x, layer.w, head_dim, key) == dispatch._MEASURED[key]
 
+
+def test_auto_path_takes_the_fastest_measured_kernel(monkeypatch):
+    """Where TMA could run, auto answers "tma" until measured, then the path that timed fastest for that key
+    (timings faked: the choice logic, not the GPU)."""
     monkeypatch.delenv(PATH_ENV, raising=False)
     monkeypatch.setattr(dispatch, "_tma_blocker", lambda x, w, head_dim: None)
     monkeypatch.setattr(dispatch, "interpreting", lambda: False)
-    for heads, n_tokens, expected in ((36, 1, "pointer"), (36, 128, "pointer"), (36, 129, "tma"),
-                                      (96, 1, "tma"), (96, 128, "tma")):
-        x = torch.zeros(n_tokens, 8, dtype=torch.bfloat16)
-        w = torch.zeros(heads * 128, 8, dtype=torch.bfloat16)
-        assert dispatch.fused_qkv_path(x, w, 128) == expected, (heads, n_tokens)
+    monkeypatch.setattr(dispatch, "_MEASURED", {})
+    fake_ms = {"pointer": 3.0, "tma": 2.0, "streamk": 1.0}
+    ran = []
+    monkeypatch.setattr(dispatch, "gpu_time_ms", lambda fn: fn() or fake_ms[ran[-1]])
+    x = torch.zeros(100, 8, dtype=torch.bfloat16)
+    w = torch.zeros(36 * 128, 8, dtype=torch.bfloat16)
+    key = dispatch.problem_key(x, w, True, 28)
+    assert dispatch.fused_qkv_path(x, w, 128, key) == "tma"
+    assert dispatch._measure_auto(key, ran.append) == "streamk"
+    assert ran == ["pointer", "tma", "streamk"]
+    assert dispatch.fused_qkv_path(x, w, 128, key) == "streamk"
+    other = dispatch.problem_key(torch.zeros(300, 8, dtype=torch.bfloat16), w, True, 28)  # another bucket
+    assert other != key and dispatch.fused_qkv_path(x, w, 128, other) == "tma"
