@@ -3,7 +3,8 @@
 fused_qkv_rope_cache, LLaDA-8B and Dream-7B layer geometry, at 128 tokens (batch 1), 1024 (8 x 128) and
 4096 (32 x 128): the fused kernel vs the unfused reference (one matmul on the stacked weight, RoPE from
 tables, index_copy_) and vs a bare cuBLAS matmul of the same GEMM, plus the fused kernel's bandwidth
-against a device-to-device copy measured in the same run.
+against a device-to-device copy measured in the same run. On Hopper `fused` is auto's measured choice and each
+of the three kernels (pointer, data-parallel TMA, stream-K TMA) is also timed forced (`fused:<path>`).
 
 scheduled_attention on a ragged batch of 32 (one 4096-token prefill over 4096 keys beside 31 refreshes of
 128 queries over 1000..4096 keys): the one-launch kernel vs SDPA on queries/keys padded to the maximum
@@ -31,7 +32,9 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
-from flash_dllm.kernels._fused_qkv_rope_cache_triton import fused_qkv_kernel, fused_qkv_path
+from flash_dllm.kernels._fused_qkv_rope_cache_streamk import tuned_streamk_config
+from flash_dllm.kernels._fused_qkv_rope_cache_triton import (AUTO_CANDIDATES, PATH_ENV, fused_qkv_kernel,
+                                                             fused_qkv_path, problem_key)
 from flash_dllm.kernels._scheduled_attention_triton import _scheduled_attention_kernel
 from flash_dllm.kernels.fused_qkv_rope_cache import fused_qkv_rope_cache, fused_qkv_rope_cache_reference
 from flash_dllm.kernels.scheduled_attention import build_plan, scheduled_attention
@@ -118,11 +121,12 @@ def bench_fused(model: str, n_tokens: int, copy_gbs: float, l2_bytes: int) -> No
     def cublas(i):
         return F.linear(x[i], w[i])
 
-    q = fused(0)  # autotunes this bucket before anything is timed
+    q = fused(0)  # autotunes this bucket (and, on Hopper, times the three kernels) before anything is timed
     ref_q = reference(0)
     err = ((q.float() - ref_q.float()).norm() / ref_q.float().norm()).item()
-    path = fused_qkv_path(x[0], w[0], head_dim)  # "tma" on Hopper, else "pointer" (FLASH_DLLM_FUSED_QKV_PATH)
-    config = f"path {path}: " + str(fused_qkv_kernel(path).best_config).replace(",", ";")
+    key = problem_key(x[0], w[0], b[0] is not None, n_heads)
+    path = fused_qkv_path(x[0], w[0], head_dim, key)  # auto's choice, or FLASH_DLLM_FUSED_QKV_PATH's
+    config = f"path {path}: " + describe_config(path, key)
     print(f"  fused path {path}", flush=True)
     moved = weight_bytes + n_tokens * (d_model + rows) * 2 + n_tokens * head_dim * 4  # + q/k/v out, cos/sin
     flops = 2 * n_tokens * d_model * rows
@@ -141,6 +145,22 @@ def bench_fused(model: str, n_tokens: int, copy_gbs: float, l2_bytes: int) -> No
                host_us=host["reference"])
         record("fused_qkv_rope_cache", model, shape, f"cublas_matmul[{mode}]", t_mm, tflops=flops / t_mm / 1e9,
                gbs=moved / t_mm / 1e6, frac_copy_bw=moved / t_mm / 1e6 / copy_gbs, host_us=host["cublas_matmul"])
+    if PATH_ENV not in os.environ and torch.cuda.get_device_capability()[0] >= 9:
+        for forced in AUTO_CANDIDATES:  # every Hopper kernel, CUDA-graph medians beside auto's choice
+            os.environ[PATH_ENV] = forced
+            try:
+                fused(0)  # tunes the forced path's configs outside the graph
+                t = graph_ms(fused, copies)
+                record("fused_qkv_rope_cache", model, shape, f"fused:{forced}[graph]", t, tflops=flops / t / 1e9,
+                       vs_cublas=t / times["cublas_matmul", "graph"], config=describe_config(forced, key))
+            finally:
+                os.environ.pop(PATH_ENV)
+
+
+def describe_config(path: str, key: tuple) -> str:
+    if path == "streamk":
+        return str(tuned_streamk_config(key)).replace(",", ";")
+    return str(fused_qkv_kernel(path).best_config).replace(",", ";")
 
 
 def ragged_batch(n_heads: int, n_kv_heads: int, head_dim: int = 128, seed: int = 0):
