@@ -155,14 +155,39 @@ def test_rope_is_applied_to_q_and_k_only():
     assert torch.equal(v_rot, v_id)
 
 
-# ---- TMA kernel (interpreter, or a CUDA device of compute capability >= 9) ------------------------------------
+# ---- TMA kernels (interpreter, or a CUDA device of compute capability >= 9) -----------------------------------
 
-@pytest.fixture(params=sorted(tma_module.INTERPRETER_CONFIGS))
-def tma_config(request, monkeypatch):
-    """Force the TMA path and run it with one config shape (the autotuner then runs that config only)."""
-    monkeypatch.setenv(PATH_ENV, "tma")
-    monkeypatch.setattr(tma_module._fused_qkv_rope_cache_tma_kernel, "configs",
-                        [tma_module.INTERPRETER_CONFIGS[request.param]])
+STREAMK_CUDA = {"one_head": streamk_module.StreamKConfig(64, 1, 32, 3, 4),
+                "two_heads": streamk_module.StreamKConfig(128, 2, 32, 2, 8)}
+
+
+def force_streamk(monkeypatch, name: str) -> None:
+    """streamk path with one tile shape (interpreter: 7 programs; GPU: one CUDA config that fits fp32, untuned)."""
+    monkeypatch.setenv(PATH_ENV, "streamk")
+    monkeypatch.setattr(streamk_module, "interpreter_config", streamk_module.INTERPRETER_CONFIGS[name])
+    monkeypatch.setattr(streamk_module, "CUDA_CONFIGS", [STREAMK_CUDA[name]])
+    monkeypatch.setattr(streamk_module, "_BEST", {})
+
+
+@pytest.fixture(params=[("tma", name) for name in sorted(tma_module.INTERPRETER_CONFIGS)]
+                + [("streamk", name) for name in sorted(streamk_module.INTERPRETER_CONFIGS)],
+                ids=lambda param: "-".join(param))
+def hopper_kernel(request, monkeypatch):
+    """Force one of the two TMA paths with one config shape; returns the path name. tma: the autotuner runs
+    that config only; streamk: data-parallel tiles, whole tail tiles and tail tiles split over 2-3 programs."""
+    path, name = request.param
+    if path == "tma":
+        monkeypatch.setenv(PATH_ENV, "tma")
+        monkeypatch.setattr(tma_module._fused_qkv_rope_cache_tma_kernel, "configs",
+                            [tma_module.INTERPRETER_CONFIGS[name]])
+    else:
+        force_streamk(monkeypatch, name)
+    return path
+
+
+@pytest.fixture(params=sorted(streamk_module.INTERPRETER_CONFIGS))
+def streamk_config(request, monkeypatch):
+    force_streamk(monkeypatch, request.param)
     return request.param
 
 
@@ -170,26 +195,26 @@ def tma_config(request, monkeypatch):
 @pytest.mark.parametrize("n_tokens", [1, 3, 17, 129])
 @pytest.mark.parametrize("n_heads,n_kv_heads,bias,d_model", [(4, 4, False, 64), (4, 2, True, 96), (3, 1, True, 80)],
                          ids=["mha", "gqa-bias", "odd-heads-bias"])
-def test_tma_matches_reference_fp32(tma_config, n_heads, n_kv_heads, bias, d_model, n_tokens):
+def test_tma_matches_reference_fp32(hopper_kernel, n_heads, n_kv_heads, bias, d_model, n_tokens):
     """3 + 2 heads: two-head tiles straddle q|k and the last one runs past the weight (TMA zero-fill);
     d_model 96 / 80 leave a K tail for 64-wide K tiles (80 also for 32-wide ones). Cache NaN-poisoned."""
     layer = Layer(n_heads, n_kv_heads, head_dim=128, d_model=d_model, bias=bias, dtype=torch.float32)
     n_cache_rows = 2 * n_tokens + 7
     x, positions, cache_rows = tokens(n_tokens, d_model, torch.float32, n_cache_rows)
-    assert fused_qkv_path(x, layer.w, 128) == "tma"
+    assert fused_qkv_path(x, layer.w, 128) == hopper_kernel
     compare(layer, x, positions, cache_rows, n_cache_rows, fill=float("nan"))
 
 
 @needs_tma
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_tma_half_precisions(tma_config, dtype):
+def test_tma_half_precisions(hopper_kernel, dtype):
     layer = Layer(4, 2, head_dim=128, d_model=96, bias=True, dtype=dtype, theta=1e6)
     x, positions, cache_rows = tokens(33, 96, dtype, n_cache_rows=80)
     compare(layer, x, positions, cache_rows, 80)
 
 
 @needs_tma
-def test_tma_int32_indices_and_rope_on_q_k_only(tma_config):
+def test_tma_int32_indices_and_rope_on_q_k_only(hopper_kernel):
     layer = Layer(2, 2, head_dim=128, d_model=64, bias=False, dtype=torch.float32)
     x, positions, cache_rows = tokens(9, 64, torch.float32, n_cache_rows=9)
     compare(layer, x, positions.int(), cache_rows.int(), 9)
@@ -199,43 +224,6 @@ def test_tma_int32_indices_and_rope_on_q_k_only(tma_config):
     assert rel_err(q_id.view(9, 2, 128), plain[:, :2]) <= 1e-5
     assert rel_err(k_id[cache_rows].view(9, 2, 128), plain[:, 2:4]) <= 1e-5
     assert rel_err(v_id[cache_rows].view(9, 2, 128), plain[:, 4:]) <= 1e-5
-
-
-# ---- stream-K schedule of the TMA kernel ------------------------------------------------------------------------
-
-STREAMK_CUDA = {"one_head": streamk_module.StreamKConfig(64, 1, 32, 3, 4),
-                "two_heads": streamk_module.StreamKConfig(128, 2, 32, 2, 8)}
-
-
-@pytest.fixture(params=sorted(streamk_module.INTERPRETER_CONFIGS))
-def streamk_config(request, monkeypatch):
-    """Force the stream-K path with one tile shape (interpreter: 7 programs; GPU: one CUDA config, untuned)."""
-    monkeypatch.setenv(PATH_ENV, "streamk")
-    monkeypatch.setattr(streamk_module, "interpreter_config", streamk_module.INTERPRETER_CONFIGS[request.param])
-    monkeypatch.setattr(streamk_module, "CUDA_CONFIGS", [STREAMK_CUDA[request.param]])
-    monkeypatch.setattr(streamk_module, "_BEST", {})
-    return request.param
-
-
-@needs_tma
-@pytest.mark.parametrize("n_tokens", [1, 3, 17, 129])
-@pytest.mark.parametrize("n_heads,n_kv_heads,bias,d_model", [(4, 4, False, 64), (4, 2, True, 96), (3, 1, True, 80)],
-                         ids=["mha", "gqa-bias", "odd-heads-bias"])
-def test_streamk_matches_reference_fp32(streamk_config, n_heads, n_kv_heads, bias, d_model, n_tokens):
-    """Data-parallel tiles, whole tail tiles and tail tiles split over 2-3 programs; NaN-poisoned caches."""
-    layer = Layer(n_heads, n_kv_heads, head_dim=128, d_model=d_model, bias=bias, dtype=torch.float32)
-    n_cache_rows = 2 * n_tokens + 7
-    x, positions, cache_rows = tokens(n_tokens, d_model, torch.float32, n_cache_rows)
-    assert fused_qkv_path(x, layer.w, 128) == "streamk"
-    compare(layer, x, positions, cache_rows, n_cache_rows, fill=float("nan"))
-
-
-@needs_tma
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_streamk_half_precisions(streamk_config, dtype):
-    layer = Layer(4, 2, head_dim=128, d_model=96, bias=True, dtype=dtype, theta=1e6)
-    x, positions, cache_rows = tokens(33, 96, dtype, n_cache_rows=80)
-    compare(layer, x, positions, cache_rows, 80)
 
 
 @needs_tma
