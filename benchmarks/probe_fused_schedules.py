@@ -1,7 +1,8 @@
-"""Probe (Hopper): every stream-K config of the fused QKV kernel with and without its reduce kernel, and chosen
-data-parallel TMA configs, one at a time (CUDA-graph medians over rotating weights, bf16), vs cuBLAS.
+"""Probe (Hopper): every stream-K config of the fused QKV kernel (aligned and balanced tails) and chosen
+data-parallel TMA configs, one at a time (CUDA-graph medians over rotating weights, bf16), vs cuBLAS; with
+--profile also each kernel's own device time from the CUDA profiler (no launch gaps).
 
-Usage: python3 benchmarks/probe_fused_schedules.py [--csv PATH]
+Usage: python3 benchmarks/probe_fused_schedules.py [--cases model:tokens,...] [--csv PATH] [--profile]
 """
 from __future__ import annotations
 
@@ -18,19 +19,28 @@ from flash_dllm.kernels import _fused_qkv_rope_cache_tma as tma
 from flash_dllm.kernels._fused_qkv_rope_cache_triton import PATH_ENV
 from flash_dllm.kernels.fused_qkv_rope_cache import fused_qkv_rope_cache
 
-TMA_CONFIGS = [(128, 1, 64, 64, 5, 4), (128, 1, 64, 64, 6, 4), (128, 1, 64, 32, 10, 4), (64, 1, 64, 64, 4, 4),
-               (128, 1, 64, 64, 4, 8)]
+TMA_CONFIGS = [(128, 1, 64, 64, 5, 4), (128, 1, 64, 64, 6, 4), (128, 2, 64, 64, 4, 8), (64, 1, 64, 64, 4, 4)]
 
 
-class _NoReduce:
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
+def kernel_us(fn, copies: int, calls: int = 24) -> float:
+    """Mean device time (us) of the CUDA kernels one fn(i) launches, summed, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            fn(i % copies)
+        torch.cuda.synchronize()
+    total = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0
+                and "Memset" not in e.key and "Memcpy" not in e.key)
+    return total / calls
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--csv")
-    parser.add_argument("--cases", default="dream-7b:128,dream-7b:1024,llada-8b:128")
+    parser.add_argument("--cases", default="dream-7b:128,dream-7b:1024,dream-7b:4096")
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     rows = []
     for case in args.cases.split(","):
@@ -49,22 +59,20 @@ def main() -> None:
         def record(variant, t):
             rows.append({"model": model, "tokens": n_tokens, "variant": variant, "us": round(t * 1000, 2),
                          "vs_cublas": round(t / t_mm, 3)})
-            print(f"  {variant:<58} {t * 1000:7.1f} us  x{t / t_mm:.3f}", flush=True)
+            print(f"  {variant:<100} {t * 1000:7.1f} us  x{t / t_mm:.3f}", flush=True)
 
+        if args.profile:
+            record("cublas kernel (profiler)", kernel_us(lambda i: F.linear(x[i], w[i]), copies) / 1000)
         os.environ[PATH_ENV] = "streamk"
-        for config in sk.CUDA_CONFIGS[:6]:
+        for config in sk.CUDA_CONFIGS:
             sk._BEST.clear()
             saved = sk.CUDA_CONFIGS
             sk.CUDA_CONFIGS = [config]
             try:
                 fused(0)
                 record(f"streamk {config}", graph_ms(fused, copies))
-                reduce_kernel = sk._fused_qkv_streamk_reduce_kernel
-                sk._fused_qkv_streamk_reduce_kernel = _NoReduce()
-                try:
-                    record(f"streamk main only {config}", graph_ms(fused, copies))
-                finally:
-                    sk._fused_qkv_streamk_reduce_kernel = reduce_kernel
+                if args.profile:
+                    record(f"streamk kernel (profiler) {config}", kernel_us(fused, copies) / 1000)
             except Exception as exc:  # noqa: BLE001 - a probe: report and go on
                 print(f"  {config}: {str(exc)[:120]}")
             finally:

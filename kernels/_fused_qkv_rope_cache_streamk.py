@@ -1,26 +1,31 @@
-"""Hopper (sm90+) "data-parallel + split-K tail" schedule of the fused QKV kernel: no ragged last wave.
+"""Hopper (sm90+) "data-parallel + stream-K tail" schedule of the fused QKV kernel: no ragged last wave.
 
 Why: with whole-head tiles (what the TMA kernel's wide dots and the RoPE epilogue want) Dream-7B has only 36
 column tiles, so at 128 tokens a data-parallel grid keeps 36..72 of 132 SMs busy, and at 1024 tokens its 144
 two-head tiles leave a second wave of 12. Narrow column tiles fill the SMs but make every program re-read x.
 
-Schedule (grid = P programs, one per SM): tiles are numbered in the TMA kernel's grouped order; the first
-n_full = (tiles // P) * P are data-parallel (program p takes tiles p, p + P, ...; full K loop, fused epilogue
-straight away). Each of the remaining tail tiles (fewer than P) is split along K between S = min(P // tail,
-K steps) programs, program t*S + s taking K steps [s*iters//S, (s+1)*iters//S) of tail tile t, and storing
-its fp32 partial sum in workspace slot p (lo/hi halves of each head apart, the epilogue's layout). With S == 1
-a tail tile is whole and gets the fused epilogue at once. (An equal share of all tail K steps per program --
-stream-K proper -- measured slower on the H200: ranges straddle two tiles, so twice the partial traffic.)
-
-A second kernel (launched right after, same stream: no atomics, no counters, no spinning) reduces each split
-tail tile: it sums its S slots in a fixed order -- so the result is bitwise reproducible -- and runs the same
-epilogue (bias, RoPE, q / k-cache / v-cache stores) on row slices. K and V still never exist as activation
-tensors; only split tiles' fp32 partial sums pass through the workspace (L2-resident: at most P x 128 x 256
-fp32 = 17 MB on a 132-SM H200).
+Schedule (grid = P programs, one per SM; the host computes it, `schedule`): tiles are numbered in the TMA
+kernel's grouped order. The first n_full = (tiles // P) * P are data-parallel (program p takes tiles p, p + P,
+...; full K loop, fused epilogue straight away). The K steps of the remaining tail tiles, laid end to end,
+are cut into G equal ranges, one per tail program:
+  * aligned (G = tail x S with S = min(P // tail, K steps)): each range is 1/S of one tile;
+  * balanced (G = P): every program gets the same number of K steps, so a range may end inside one tile and
+    go on into the next (stream-K proper: all SMs busy to the end, more partial sums).
+A piece that covers a whole tile gets the fused epilogue at once. A partial piece stores its fp32 sum in the
+workspace (slot 2p for a program's first piece, 2p + 1 for a later one; lo/hi halves of each head apart, the
+epilogue's layout) and counts itself in on the tile's arrival counter; the program that arrives last sums
+the tile's partials in contributor order -- its own re-read too -- so the result is bitwise reproducible
+whatever the arrival order, runs the epilogue (bias, RoPE, q / k-cache / v-cache stores) and resets the
+counter for the next launch. Nobody waits on anybody (no spinning, so no co-residency assumption, and the
+interpreter's one-program-at-a-time run is valid), and there is no second kernel: the separate reduce kernel
+this replaced measured slower on the H200 at every Dream size (Dream 128: 24.2 against 22.5 us). Finishing is
+still the costly part at small token counts: dependent L2 round trips, README "Where Dream's time goes".
+K and V still never exist as activation tensors; only partial sums pass through the workspace (L2-resident).
 """
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -33,20 +38,19 @@ from ._fused_qkv_rope_cache_tma import TMA_HEAD_DIM, TensorDescriptor, epilogue,
 from ._fused_qkv_rope_cache_triton import _grouped_tile
 
 
-@triton.jit(do_not_specialize=["n_tokens"])
+@triton.jit(do_not_specialize=["n_tokens", "n_full", "tail_tiles", "tail_programs", "iters"])
 def _fused_qkv_streamk_kernel(
-    x_desc, w_desc, ws_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
-    n_tokens, d_model, n_heads, n_kv_heads, n_qkv_heads,
+    x_desc, w_desc, ws_ptr, arrivals_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr, q_ptr, k_cache_ptr,
+    v_cache_ptr, n_tokens, d_model, n_heads, n_kv_heads, n_qkv_heads, n_full, tail_tiles, tail_programs, iters,
     stride_cos, stride_sin, stride_q, stride_kc, stride_vc,
     HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, HEADS: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    FIX_ROWS: tl.constexpr, FIX_CHUNK: tl.constexpr,
 ):
     BLOCK_N: tl.constexpr = HEADS * HEAD_DIM
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     n_col_tiles = tl.cdiv(n_qkv_heads, HEADS)
-    n_tiles = tl.cdiv(n_tokens, BLOCK_M) * n_col_tiles
-    n_full, tail_tiles, splits, iters = _schedule(n_tiles, n_programs, d_model, BLOCK_K)
     ctx = (n_tokens, b_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
            n_heads, n_kv_heads, n_qkv_heads, stride_cos, stride_sin, stride_q, stride_kc, stride_vc)
 
@@ -56,93 +60,126 @@ def _fused_qkv_streamk_kernel(
                             BLOCK_M, BLOCK_N, BLOCK_K)
         wide_epilogue(acc, pid_n * HEADS, pid_m * BLOCK_M, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, HEADS)
 
-    if pid < tail_tiles * splits:  # one K range of one tail tile
-        split = pid % splits
-        pid_m, pid_n = _grouped_tile(n_full + pid // splits, n_tokens, n_col_tiles, BLOCK_M, 1, GROUP_M)
-        acc = wide_mainloop(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, split * iters // splits * BLOCK_K,
-                            (split + 1) * iters // splits * BLOCK_K, UPCAST, DOT_PRECISION, BLOCK_M, BLOCK_N,
-                            BLOCK_K)
-        if splits == 1:
-            wide_epilogue(acc, pid_n * HEADS, pid_m * BLOCK_M, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, HEADS)
-        else:
-            _store_partial(ws_ptr + pid.to(tl.int64) * (BLOCK_M * BLOCK_N), acc, HEAD_DIM, BLOCK_M, HEADS)
+    if pid < tail_programs:  # this program's range of the tail's K steps, tile by tile
+        work = tail_tiles * iters
+        start = _range_start(pid, work, tail_programs)
+        end = _range_start(pid + 1, work, tail_programs)
+        step = start
+        while step < end:
+            tile = step // iters
+            tile_begin = tile * iters
+            piece_end = tl.minimum(end - tile_begin, iters)  # K steps within the tile
+            pid_m, pid_n = _grouped_tile(n_full + tile, n_tokens, n_col_tiles, BLOCK_M, 1, GROUP_M)
+            acc = wide_mainloop(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (step - tile_begin) * BLOCK_K,
+                                piece_end * BLOCK_K, UPCAST, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+            first = _range_owner(tile_begin, work, tail_programs)
+            last = _range_owner(tile_begin + iters - 1, work, tail_programs)
+            if first == last:  # the whole tile: no partial sums
+                wide_epilogue(acc, pid_n * HEADS, pid_m * BLOCK_M, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, HEADS)
+            else:
+                _share_partial(acc, ws_ptr, arrivals_ptr + tile, pid, first, last, tile_begin, work,
+                               tail_programs, pid_n * HEADS, pid_m * BLOCK_M, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M,
+                               HEADS, FIX_ROWS, FIX_CHUNK)
+            step = tile_begin + piece_end
 
 
 @triton.jit
-def _schedule(n_tiles, n_programs, d_model, BLOCK_K: tl.constexpr):
-    """(data-parallel tiles, tail tiles, programs per tail tile, K steps per tile); host mirror: schedule()."""
-    n_full = n_tiles // n_programs * n_programs
-    tail_tiles = n_tiles - n_full
-    iters = tl.cdiv(d_model, BLOCK_K)
-    return n_full, tail_tiles, tl.minimum(n_programs // tl.maximum(tail_tiles, 1), iters), iters
+def _range_start(program, work, n_ranges):
+    """First tail K step of `program`'s range (ranges: `work` steps cut into n_ranges equal parts)."""
+    return program * work // n_ranges
 
 
 @triton.jit
-def _store_partial(slot_ptr, acc, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HEADS: tl.constexpr):
-    """Store a [BLOCK_M, HEADS*Dh] fp32 partial as pieces [HEADS, 2 (lo, hi), BLOCK_M, Dh/2] (the epilogue's
-    split: no [BLOCK_M, 256] fp32 layout conversion through shared memory)."""
+def _range_owner(step, work, n_ranges):
+    """The program whose range holds tail K step `step`: the largest p with p * work // n_ranges <= step."""
+    return ((step + 1) * n_ranges + work - 1) // work - 1
+
+
+@triton.jit
+def _slot(program, tile_begin, work, n_ranges, SLOT_ELEMS: tl.constexpr):
+    """Element offset of `program`'s partial of the tile starting at tail step tile_begin: slot 2p when the
+    tile is where its range starts, 2p + 1 when the range started in an earlier tile."""
+    later = (_range_start(program, work, n_ranges) < tile_begin).to(tl.int64)
+    return (2 * program + later) * SLOT_ELEMS  # int64 through `later`
+
+
+@triton.jit
+def _head_halves(acc, h: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HEADS: tl.constexpr):
+    """Columns [0, Dh/2) and [Dh/2, Dh) of head h of a [BLOCK_M, HEADS*Dh] accumulator (register renaming)."""
     HALF: tl.constexpr = HEAD_DIM // 2
-    offs = tl.arange(0, BLOCK_M)[:, None] * HALF + tl.arange(0, HALF)[None, :]
-    PIECE: tl.constexpr = BLOCK_M * HALF
     if HEADS == 1:
         lo, hi = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, HALF]), (0, 2, 1)))
-        tl.store(slot_ptr + offs, lo)
-        tl.store(slot_ptr + PIECE + offs, hi)
     else:
         acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, 2, HALF]), (0, 3, 2, 1)))
-        lo, hi = tl.split(acc0)
-        tl.store(slot_ptr + offs, lo)
-        tl.store(slot_ptr + PIECE + offs, hi)
-        lo, hi = tl.split(acc1)
-        tl.store(slot_ptr + 2 * PIECE + offs, lo)
-        tl.store(slot_ptr + 3 * PIECE + offs, hi)
+        if h == 0:
+            lo, hi = tl.split(acc0)
+        else:
+            lo, hi = tl.split(acc1)
+    return lo, hi
 
 
-@triton.jit(do_not_specialize=["n_tokens"])
-def _fused_qkv_streamk_reduce_kernel(
-    ws_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
-    n_tokens, d_model, n_heads, n_kv_heads, n_qkv_heads, n_programs,
-    stride_cos, stride_sin, stride_q, stride_kc, stride_vc,
-    HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, HEADS: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    ROWS: tl.constexpr, CHUNK: tl.constexpr,
-):
-    """One program per (split tail tile, ROWS-row slice): sum the tile's slots in split order, CHUNK slots per
-    load (one memory round trip per chunk instead of one per slot), then the epilogue of each head."""
+@triton.jit
+def _share_partial(acc, ws_ptr, arrival_ptr, pid, first, last, tile_begin, work, n_ranges, head0, off_m, ctx,
+                   HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, HEADS: tl.constexpr,
+                   FIX_ROWS: tl.constexpr, FIX_CHUNK: tl.constexpr):
+    """Publish this program's partial of a split tile; the last of its contributors finishes the tile: per head
+    and per FIX_ROWS-row slice (what fits in registers next to the epilogue), the partials in contributor order
+    -- its own too, re-read: the same sum whoever arrives last -- then the epilogue."""
     HALF: tl.constexpr = HEAD_DIM // 2
     PIECE: tl.constexpr = BLOCK_M * HALF
-    SLICES: tl.constexpr = BLOCK_M // ROWS
-    tail_tile = tl.program_id(0) // SLICES
-    row0 = (tl.program_id(0) % SLICES) * ROWS
-    n_col_tiles = tl.cdiv(n_qkv_heads, HEADS)
-    n_full, tail_tiles, splits, iters = _schedule(tl.cdiv(n_tokens, BLOCK_M) * n_col_tiles, n_programs, d_model,
-                                                  BLOCK_K)
-    pid_m, pid_n = _grouped_tile(n_full + tail_tile, n_tokens, n_col_tiles, BLOCK_M, 1, GROUP_M)
-    ctx = (n_tokens, b_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
-           n_heads, n_kv_heads, n_qkv_heads, stride_cos, stride_sin, stride_q, stride_kc, stride_vc)
-    offs = (row0 + tl.arange(0, ROWS))[:, None] * HALF + tl.arange(0, HALF)[None, :]
-    for h in tl.static_range(HEADS):
-        lo = tl.zeros([ROWS, HALF], dtype=tl.float32)
-        hi = tl.zeros([ROWS, HALF], dtype=tl.float32)
-        for first in range(0, splits, CHUNK):
-            split = first + tl.arange(0, CHUNK)
-            slot = (tail_tile * splits + split).to(tl.int64) * (HEADS * 2 * PIECE) + 2 * h * PIECE
-            ptrs = ws_ptr + slot[:, None, None] + offs[None, :, :]
-            valid = (split < splits)[:, None, None]
-            lo += tl.sum(tl.load(ptrs, mask=valid, other=0.0), axis=0)
-            hi += tl.sum(tl.load(ptrs + PIECE, mask=valid, other=0.0), axis=0)
-        epilogue(lo, hi, pid_n * HEADS + h, pid_m * BLOCK_M + row0, 0, ctx, HEAD_DIM, HAS_BIAS, ROWS, HALF)
-
-
-def schedule(n_tiles: int, n_programs: int, d_model: int, block_k: int) -> tuple[int, int, int, int]:
-    """Host mirror of _schedule: (data-parallel tiles, tail tiles, programs per tail tile, K steps per tile)."""
-    n_full = n_tiles // n_programs * n_programs
-    tail_tiles = n_tiles - n_full
-    iters = -(-d_model // block_k)
-    return n_full, tail_tiles, min(n_programs // max(tail_tiles, 1), iters), iters
+    SLOT_ELEMS: tl.constexpr = 2 * HEADS * PIECE
+    offs = tl.arange(0, BLOCK_M)[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    slot_ptr = ws_ptr + _slot(pid, tile_begin, work, n_ranges, SLOT_ELEMS)
+    for h in tl.static_range(HEADS):  # layout [HEADS, 2 (lo, hi), BLOCK_M, Dh/2]
+        lo, hi = _head_halves(acc, h, HEAD_DIM, BLOCK_M, HEADS)
+        tl.store(slot_ptr + 2 * h * PIECE + offs, lo)
+        tl.store(slot_ptr + (2 * h + 1) * PIECE + offs, hi)
+    # Every warp's stores precede the arrival (one thread's gpu-scope acq_rel atomic after a CTA barrier); the
+    # last contributor's loads follow its own acquire and bypass L1 (.cg).
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrival_ptr, 1, sem="acq_rel", scope="gpu")
+    if arrived == last - first:
+        tl.store(arrival_ptr, 0)  # every contributor has counted in: ready for the next launch
+        slice_offs = tl.arange(0, FIX_ROWS)[:, None] * HALF + tl.arange(0, HALF)[None, :]
+        for h in tl.static_range(HEADS):
+            for row0 in tl.static_range(0, BLOCK_M, FIX_ROWS):
+                lo_sum = tl.zeros([FIX_ROWS, HALF], dtype=tl.float32)
+                hi_sum = tl.zeros([FIX_ROWS, HALF], dtype=tl.float32)
+                # FIX_CHUNK contributors' loads per round trip (unrolled, masked past `last`; the masked
+                # terms add 0.0). On the H200 this was no faster than one contributor per trip: the epilogue's
+                # own dependent loads (position -> cos/sin, cache row) dominate the finish.
+                for chunk in range(first, last + 1, FIX_CHUNK):
+                    for i in tl.static_range(FIX_CHUNK):
+                        ptr = (ws_ptr + _slot(chunk + i, tile_begin, work, n_ranges, SLOT_ELEMS) + 2 * h * PIECE
+                               + row0 * HALF + slice_offs)
+                        lo_sum += tl.load(ptr, mask=chunk + i <= last, other=0.0, cache_modifier=".cg")
+                        hi_sum += tl.load(ptr + PIECE, mask=chunk + i <= last, other=0.0, cache_modifier=".cg")
+                epilogue(lo_sum, hi_sum, head0 + h, off_m + row0, 0, ctx, HEAD_DIM, HAS_BIAS, FIX_ROWS, HALF)
 
 
 # ---- host side ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TailSchedule:
+    n_full: int  # data-parallel tiles (a multiple of the program count)
+    tail_tiles: int
+    tail_programs: int  # G: programs sharing the tail's K steps in equal ranges
+    iters: int  # K steps per tile
+
+
+def schedule(n_tiles: int, n_programs: int, d_model: int, block_k: int, balanced: bool) -> TailSchedule:
+    """The data-parallel / tail split of n_tiles over n_programs (see the module docstring)."""
+    n_full = n_tiles // n_programs * n_programs
+    tail_tiles = n_tiles - n_full
+    iters = -(-d_model // block_k)
+    if tail_tiles == 0:
+        tail_programs = 0
+    elif balanced:
+        tail_programs = min(n_programs, tail_tiles * iters)
+    else:
+        tail_programs = tail_tiles * min(n_programs // tail_tiles, iters)
+    return TailSchedule(n_full, tail_tiles, tail_programs, iters)
+
 
 @dataclass(frozen=True)
 class StreamKConfig:
@@ -151,28 +188,34 @@ class StreamKConfig:
     block_k: int
     stages: int
     warps: int
+    balanced: bool = False  # tail K steps in P equal ranges (True) or split tile by tile (False)
 
     @property
     def meta(self) -> dict:
-        return {"BLOCK_M": self.block_m, "HEADS": self.heads, "BLOCK_K": self.block_k, "GROUP_M": 8}
+        # Finishing a split tile: FIX_ROWS rows per slice, 8 per warp, and FIX_CHUNK contributors per load
+        # round: 2 x FIX_CHUNK [FIX_ROWS, Dh/2] fp32 loads in flight = 128 registers per thread (a whole
+        # 128-row slice on one warpgroup spilled 1.7 KB at sm90)
+        return {"BLOCK_M": self.block_m, "HEADS": self.heads, "BLOCK_K": self.block_k, "GROUP_M": 8,
+                "FIX_ROWS": min(self.block_m, 8 * self.warps), "FIX_CHUNK": 4}
 
 
 # Small token counts are weight streams: one-head tiles over all SMs, deep pipelines on one warpgroup (the
-# split-K probe's best Dream shape). Large ones are compute bound: two-head 128 x 256 tiles on two warpgroups,
+# split-K probe's best Dream shape), or on two (half the rows per warp when a split tile is finished). Large ones are compute bound: two-head 128 x 256 tiles on two warpgroups,
 # whose one-wave-plus-a-bit shapes (Dream at 1024 tokens: 144 tiles) are what the tail split is for. The last
-# two fit fp32 inputs in shared memory (the others do not; the tuner skips what does not fit).
-CUDA_CONFIGS = [StreamKConfig(*c) for c in ((128, 1, 64, 5, 4), (128, 1, 64, 4, 4), (128, 1, 128, 3, 4),
-                                            (64, 1, 64, 6, 4), (128, 2, 64, 4, 8), (128, 2, 64, 3, 8),
-                                            (64, 1, 32, 3, 4), (128, 2, 32, 2, 8))]
+# two fit fp32 inputs in shared memory (the others do not; the tuner skips what does not fit). Each shape is
+# tried with an aligned and a balanced tail (one compiled kernel: the tail split is a runtime argument).
+_CUDA_SHAPES = ((128, 1, 64, 5, 4), (128, 1, 64, 4, 4), (128, 1, 128, 3, 4), (64, 1, 64, 6, 4), (128, 2, 64, 4, 8),
+                (128, 2, 64, 3, 8), (128, 1, 64, 5, 8), (128, 1, 64, 4, 8), (64, 1, 32, 3, 4), (128, 2, 32, 2, 8))
+CUDA_CONFIGS = [StreamKConfig(*shape, balanced) for shape in _CUDA_SHAPES for balanced in (False, True)]
 # Interpreter: few, small tiles and a prime number of "SMs", so the tests' small problems have data-parallel
-# tiles, whole tail tiles (S == 1) and tail tiles split 2 or 3 ways (more than one chunk with CHUNK 2).
-INTERPRETER_CONFIGS = {"one_head": StreamKConfig(16, 1, 32, 1, 4), "two_heads": StreamKConfig(16, 2, 16, 1, 4)}
-interpreter_config = INTERPRETER_CONFIGS["one_head"]  # tests swap in the other
+# tiles, whole tail tiles, tiles split 2 or 3 ways, and (balanced) ranges that run from one tile into the next.
+INTERPRETER_CONFIGS = {"one_head": StreamKConfig(16, 1, 32, 1, 4), "two_heads": StreamKConfig(16, 2, 16, 1, 4),
+                       "one_head_balanced": StreamKConfig(16, 1, 16, 1, 4, balanced=True)}
+interpreter_config = INTERPRETER_CONFIGS["one_head"]  # tests swap in the others
 INTERPRETER_PROGRAMS = 7
-REDUCE_ROWS = 16
-REDUCE_CHUNK = 4  # slots summed per load in the reduce kernel
 
-_WORKSPACES: dict = {}
+_WORKSPACES: dict = {}  # device -> fp32 partial sums (grown, never shrunk)
+_ARRIVALS: dict = {}  # device -> int32 arrival counter per tail tile (zero between launches)
 
 
 @functools.lru_cache(maxsize=None)
@@ -186,47 +229,44 @@ def n_programs_for(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _workspace(device: torch.device, n_elems: int) -> torch.Tensor:
-    """A cached fp32 buffer of at least n_elems on device (grown, never shrunk; no zeros needed: every slot
-    the reduce kernel reads was written by the launch before it). One stream per device (the engine's)."""
-    ws = _WORKSPACES.get(device)
-    if ws is None or ws.numel() < n_elems:
+def _buffers(device: torch.device, n_elems: int, n_programs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cached workspace (at least n_elems fp32; no zeros needed: a contributor reads only slots written by
+    this launch) and arrival counters (n_programs int32, zeroed once: every launch leaves them zero). One
+    stream per device (the engine's)."""
+    ws, arrivals = _WORKSPACES.get(device), _ARRIVALS.get(device)
+    if ws is None or ws.numel() < n_elems or arrivals is None or arrivals.numel() < n_programs:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("the fused QKV stream-K workspace would grow inside CUDA graph capture: run the same "
+            raise RuntimeError("the fused QKV stream-K buffers would grow inside CUDA graph capture: run the same "
                                "call once before capturing it")
-        ws = torch.empty(max(n_elems, 1), dtype=torch.float32, device=device)
-        _WORKSPACES[device] = ws
-    return ws
+        if ws is None or ws.numel() < n_elems:
+            ws = _WORKSPACES[device] = torch.empty(max(n_elems, 1), dtype=torch.float32, device=device)
+        if arrivals is None or arrivals.numel() < n_programs:
+            arrivals = _ARRIVALS[device] = torch.zeros(n_programs, dtype=torch.int32, device=device)
+    return ws, arrivals
 
 
 def launch_streamk(x, w_qkv, b_qkv, cos, sin, positions, cache_rows, q, k_cache, v_cache, n_heads, n_kv_heads,
                    config: StreamKConfig):
-    """Run the stream-K kernel and, when there are tail tiles, its reduce kernel (inputs already checked)."""
+    """Run the stream-K kernel (inputs already checked by the dispatcher)."""
     n_tokens, d_model = x.shape
     n_qkv_heads = n_heads + 2 * n_kv_heads
     block_m, heads, block_k = config.block_m, config.heads, config.block_k
     block_n = heads * TMA_HEAD_DIM
     n_programs = n_programs_for(x.device)
-    ws = _workspace(x.device, n_programs * block_m * block_n)
+    n_tiles = triton.cdiv(n_tokens, block_m) * triton.cdiv(n_qkv_heads, heads)
+    plan = schedule(n_tiles, n_programs, d_model, block_k, config.balanced)
+    ws, arrivals = _buffers(x.device, 2 * max(plan.tail_programs, 1) * block_m * block_n, n_programs)
     x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
     w_desc = TensorDescriptor.from_tensor(w_qkv, [block_n, block_k])
-    b = b_qkv if b_qkv is not None else w_qkv
-    epilogue_args = (b, cos, sin, positions, cache_rows, q, k_cache, v_cache)
-    strides = (cos.stride(0), sin.stride(0), q.stride(0), k_cache.stride(0), v_cache.stride(0))
-    flags = {"HEAD_DIM": TMA_HEAD_DIM, "HAS_BIAS": b_qkv is not None}
     _fused_qkv_streamk_kernel[(n_programs,)](
-        x_desc, w_desc, ws, *epilogue_args, n_tokens, d_model, n_heads, n_kv_heads, n_qkv_heads, *strides,
-        **flags, UPCAST=interpreting(), DOT_PRECISION="ieee" if x.dtype.itemsize == 4 else "tf32",
+        x_desc, w_desc, ws, arrivals, b_qkv if b_qkv is not None else w_qkv, cos, sin, positions, cache_rows, q,
+        k_cache, v_cache, n_tokens, d_model, n_heads, n_kv_heads, n_qkv_heads,
+        plan.n_full, plan.tail_tiles, plan.tail_programs, plan.iters,
+        cos.stride(0), sin.stride(0), q.stride(0), k_cache.stride(0), v_cache.stride(0),
+        HEAD_DIM=TMA_HEAD_DIM, HAS_BIAS=b_qkv is not None, UPCAST=interpreting(),
+        DOT_PRECISION="ieee" if x.dtype.itemsize == 4 else "tf32",
         **config.meta, num_stages=config.stages, num_warps=config.warps,
     )
-    n_tiles = triton.cdiv(n_tokens, block_m) * triton.cdiv(n_qkv_heads, heads)
-    _, tail_tiles, splits, _ = schedule(n_tiles, n_programs, d_model, block_k)
-    if tail_tiles and splits > 1:
-        rows = min(REDUCE_ROWS, block_m)
-        _fused_qkv_streamk_reduce_kernel[(tail_tiles * (block_m // rows),)](
-            ws, *epilogue_args, n_tokens, d_model, n_heads, n_kv_heads, n_qkv_heads, n_programs, *strides,
-            **flags, **config.meta, ROWS=rows, CHUNK=2 if interpreting() else REDUCE_CHUNK, num_warps=4,
-        )
     return q
 
 
@@ -235,7 +275,7 @@ _BEST: dict = {}
 
 def streamk_config(key: tuple, run) -> StreamKConfig:
     """The stream-K config for this problem key: under the interpreter `interpreter_config`; on a GPU the
-    fastest of CUDA_CONFIGS, each timed with its reduce kernel (run(config) launches both), once per key."""
+    fastest of CUDA_CONFIGS (run(config) launches it), timed once per key."""
     if interpreting():
         return interpreter_config
     best = _BEST.get(key)
@@ -247,6 +287,9 @@ def streamk_config(key: tuple, run) -> StreamKConfig:
             try:
                 times[config] = gpu_time_ms(lambda: run(config))
             except OutOfResources:  # shared memory: fp32 inputs, or a smaller Hopper part
+                continue
+            except RuntimeError as exc:  # a Triton compiler failure on this shape: try the others
+                warnings.warn(f"fused QKV stream-K config {config} failed to compile for {key}: {exc}")
                 continue
         if not times:
             raise RuntimeError(f"no stream-K config of the fused QKV kernel fits this GPU for key {key}")

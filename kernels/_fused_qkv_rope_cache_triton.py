@@ -258,7 +258,8 @@ def problem_key(x: torch.Tensor, w_qkv: torch.Tensor, has_bias: bool, n_heads: i
 
 # auto on Hopper: the fastest of the three kernels, timed on the first call of each problem key (every path
 # is exact to within its rounding; the choice only moves time). Measured on the H200 (2026-12-03): no fixed
-# rule fits (e.g. Dream-7B at 128 tokens: streamk 18.2 us, pointer 19.5, tma 23.6; LLaDA-8B: tma fastest).
+# rule fits (e.g. Dream-7B at 128 tokens: streamk 18.4 us, pointer 19.5, tma 23.5; at 4096: streamk; LLaDA-8B
+# at 1024 and 4096: tma).
 _MEASURED: dict = {}
 AUTO_CANDIDATES = ("pointer", "tma", "streamk")
 

@@ -13,7 +13,8 @@ Two kernels sit behind the Triton backend: the pointer kernel (any GPU, the inte
 TMA kernels (compute capability >= 9, head dim 128: a data-parallel grid and a stream-K schedule);
 FLASH_DLLM_FUSED_QKV_PATH forces one. The TMA tests force them, under the interpreter too (which runs tensor
 descriptors), once per config shape (WIDE one head, WIDE two heads, SPLIT half-head column blocks; the
-split-K-tail schedule with one- and two-head tiles over 7 "SMs": whole and split tail tiles).
+stream-K-tail schedule with one- and two-head tiles over 7 "SMs": whole tail tiles, tiles split over programs,
+ranges running from one tile into the next).
 """
 from kernel_testing import DEVICE, TOL, needs_gpu, needs_triton, rel_err  # noqa: F401  (sets TRITON_INTERPRET first)
 
@@ -158,7 +159,8 @@ def test_rope_is_applied_to_q_and_k_only():
 # ---- TMA kernels (interpreter, or a CUDA device of compute capability >= 9) -----------------------------------
 
 STREAMK_CUDA = {"one_head": streamk_module.StreamKConfig(64, 1, 32, 3, 4),
-                "two_heads": streamk_module.StreamKConfig(128, 2, 32, 2, 8)}
+                "two_heads": streamk_module.StreamKConfig(128, 2, 32, 2, 8),
+                "one_head_balanced": streamk_module.StreamKConfig(64, 1, 32, 3, 4, balanced=True)}
 
 
 def force_streamk(monkeypatch, name: str) -> None:
@@ -174,7 +176,8 @@ def force_streamk(monkeypatch, name: str) -> None:
                 ids=lambda param: "-".join(param))
 def hopper_kernel(request, monkeypatch):
     """Force one of the two TMA paths with one config shape; returns the path name. tma: the autotuner runs
-    that config only; streamk: data-parallel tiles, whole tail tiles and tail tiles split over 2-3 programs."""
+    that config only; streamk: data-parallel tiles, whole tail tiles, tail tiles split over 2-3 programs and (balanced) ranges
+    running on into the next tile."""
     path, name = request.param
     if path == "tma":
         monkeypatch.setenv(PATH_ENV, "tma")
@@ -228,10 +231,10 @@ def test_tma_int32_indices_and_rope_on_q_k_only(hopper_kernel):
 
 @needs_tma
 @pytest.mark.parametrize("n_heads,n_kv_heads,d_model,n_tokens", [(4, 2, 96, 1), (3, 1, 80, 5)])
-def test_streamk_reads_only_slots_written_by_this_launch(streamk_config, n_heads, n_kv_heads, d_model, n_tokens):
-    """A NaN-poisoned workspace between two launches changes no bit: the reduce kernel reads exactly the slots
-    that the launch before it wrote, and sums them in a fixed order (bitwise reproducible). Under the
-    interpreter one of the two shapes splits tail tiles for each tile shape."""
+def test_streamk_reads_only_partials_of_this_launch(streamk_config, n_heads, n_kv_heads, d_model, n_tokens):
+    """A NaN-poisoned workspace between two launches changes no bit (the last contributor of a split tile reads
+    exactly the partials this launch wrote, summed in contributor order), and every launch leaves the arrival
+    counters at zero. Under the interpreter each tile shape splits tail tiles in one of the two problems."""
     layer = Layer(n_heads, n_kv_heads, head_dim=128, d_model=d_model, bias=True, dtype=torch.float32)
     x, positions, cache_rows = tokens(n_tokens, d_model, torch.float32, n_cache_rows=12)
     k1, v1 = layer.caches(12)
@@ -242,21 +245,81 @@ def test_streamk_reads_only_slots_written_by_this_launch(streamk_config, n_heads
     q2 = layer.run(x, positions, cache_rows, k2, v2, "triton")
     for first, second in ((q1, q2), (k1, k2), (v1, v2)):
         assert torch.equal(first.view(torch.int32), second.view(torch.int32))
+    assert all(int(arrivals.abs().sum()) == 0 for arrivals in streamk_module._ARRIVALS.values())
 
 
+def tail_pieces(plan):
+    """(program, tile, first step, end step) of every tail piece, walked as the kernel walks its range."""
+    start, owner = streamk_module._range_start.fn, streamk_module._range_owner.fn
+    work = plan.tail_tiles * plan.iters
+    pieces = []
+    for program in range(plan.tail_programs):
+        step, end = start(program, work, plan.tail_programs), start(program + 1, work, plan.tail_programs)
+        assert step < end, "every tail program has K steps"
+        while step < end:
+            tile = step // plan.iters
+            piece_end = min(end - tile * plan.iters, plan.iters)
+            pieces.append((program, tile, step - tile * plan.iters, piece_end))
+            assert owner(step, work, plan.tail_programs) == program
+            step = tile * plan.iters + piece_end
+    return pieces
+
+
+@pytest.mark.parametrize("balanced", [False, True], ids=["aligned", "balanced"])
 @pytest.mark.parametrize("n_programs", [7, 132])
-def test_streamk_schedule_splits_each_tail_tile_exactly(n_programs):
-    """Host mirror of the schedule: data-parallel waves are whole, the tail's split programs fit in the grid,
-    and each tail tile's K ranges are non-empty and cover its K steps once."""
+def test_streamk_schedule_covers_each_tail_tile_exactly(n_programs, balanced):
+    """The schedule and the kernel's range arithmetic: data-parallel waves are whole; each tail tile's pieces
+    cover its K steps once, come from the programs _range_owner names for its first and last step, and a
+    program's partial slots (2p first piece, 2p + 1 later) never collide."""
+    straddles = 0
     for n_tiles in range(1, 3 * n_programs):
         for d_model, block_k in ((64, 64), (80, 32), (3584, 64), (4096, 128)):
-            n_full, tail, splits, iters = streamk_module.schedule(n_tiles, n_programs, d_model, block_k)
-            assert n_full % n_programs == 0 and n_full + tail == n_tiles and 0 <= tail < n_programs
-            assert 1 <= splits <= iters and tail * splits <= n_programs
-            bounds = [s * iters // splits for s in range(splits + 1)]
-            assert bounds[0] == 0 and bounds[-1] == iters and all(a < b for a, b in zip(bounds, bounds[1:]))
-    assert streamk_module.schedule(36, 132, 3584, 64) == (0, 36, 3, 56)  # Dream-7B, 128 tokens, one-head tiles
-    assert streamk_module.schedule(144, 132, 3584, 64) == (132, 12, 11, 56)  # Dream-7B, 1024 tokens, two heads
+            plan = streamk_module.schedule(n_tiles, n_programs, d_model, block_k, balanced)
+            assert plan.n_full % n_programs == 0 and plan.n_full + plan.tail_tiles == n_tiles
+            assert 0 <= plan.tail_tiles < n_programs and plan.tail_programs <= n_programs
+            work = plan.tail_tiles * plan.iters
+            owner, start = streamk_module._range_owner.fn, streamk_module._range_start.fn
+            pieces = tail_pieces(plan)
+            slots = set()
+            for tile in range(plan.tail_tiles):
+                mine = [p for p in pieces if p[1] == tile]
+                assert [p[0] for p in mine] == list(range(owner(tile * plan.iters, work, plan.tail_programs),
+                                                          owner((tile + 1) * plan.iters - 1, work,
+                                                                plan.tail_programs) + 1))
+                assert [(a, b) for _, _, a, b in mine] == [(a, b) for a, b in zip(
+                    [0] + [b for _, _, _, b in mine[:-1]], [b for _, _, _, b in mine])]
+                assert mine[0][2] == 0 and mine[-1][3] == plan.iters
+                for program, _, _, _ in mine if len(mine) > 1 else ():
+                    slot = 2 * program + (start(program, work, plan.tail_programs) < tile * plan.iters)
+                    assert slot not in slots
+                    slots.add(slot)
+            straddles += sum(1 for a, b in zip(pieces, pieces[1:]) if a[0] == b[0])
+            if not balanced:
+                assert all(len([p for p in pieces if p[0] == g]) == 1 for g in range(plan.tail_programs))
+    assert (straddles > 0) == balanced
+    assert streamk_module.schedule(36, 132, 3584, 64, False) == streamk_module.TailSchedule(0, 36, 108, 56)
+    assert streamk_module.schedule(36, 132, 3584, 64, True) == streamk_module.TailSchedule(0, 36, 132, 56)
+    assert streamk_module.schedule(144, 132, 3584, 64, False) == streamk_module.TailSchedule(132, 12, 132, 56)
+
+
+def test_streamk_interpreter_problems_split_and_straddle():
+    """The interpreter configs meet every tail case on the tests' problems: whole tail tiles, tiles split over
+    programs and (balanced) a program whose range runs from one tile into the next."""
+    seen = set()
+    for name, config in streamk_module.INTERPRETER_CONFIGS.items():
+        for n_heads, n_kv_heads, d_model in ((4, 4, 64), (4, 2, 96), (3, 1, 80)):
+            for n_tokens in (1, 3, 5, 17, 33, 129):
+                n_tiles = -(-n_tokens // config.block_m) * -(-(n_heads + 2 * n_kv_heads) // config.heads)
+                plan = streamk_module.schedule(n_tiles, streamk_module.INTERPRETER_PROGRAMS, d_model,
+                                               config.block_k, config.balanced)
+                pieces = tail_pieces(plan)
+                seen |= {"data-parallel"} if plan.n_full else set()
+                for tile in range(plan.tail_tiles):
+                    seen.add("whole" if len([p for p in pieces if p[1] == tile]) == 1 else f"split-{name}")
+                if any(a[0] == b[0] for a, b in zip(pieces, pieces[1:])):
+                    seen.add(f"straddle-{name}")
+    assert {"data-parallel", "whole", "split-one_head", "split-two_heads", "split-one_head_balanced",
+            "straddle-one_head_balanced"} <= seen
 
 
 def test_path_selection(monkeypatch):
@@ -368,6 +431,29 @@ def test_tma_full_layer(model, n_tokens, dtype, path, monkeypatch):
     x, positions, cache_rows = tokens(n_tokens, d_model, dtype, n_cache_rows)
     monkeypatch.setenv(PATH_ENV, path)
     compare(layer, x, positions, cache_rows, n_cache_rows, fill=float("nan"))
+
+
+@needs_hopper
+@pytest.mark.parametrize("config", streamk_module.CUDA_CONFIGS, ids=str)
+@pytest.mark.parametrize("model,n_tokens", [("dream-7b", 128), ("dream-7b", 1000), ("llada-8b", 4096)])
+def test_streamk_every_cuda_config_is_exact_and_reproducible(model, n_tokens, config, monkeypatch):
+    """Each stream-K config the tuner may pick (aligned and balanced tails) matches the reference at full layer
+    shapes, and three launches give the same bits: the last contributor of a split tile differs from run to
+    run on a GPU, the sum order does not."""
+    n_heads, n_kv_heads, head_dim, d_model, bias, theta = MODELS[model]
+    layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, torch.bfloat16, theta)
+    x, positions, cache_rows = tokens(n_tokens, d_model, torch.bfloat16, 2 * 4096)
+    monkeypatch.setenv(PATH_ENV, "streamk")
+    monkeypatch.setattr(streamk_module, "CUDA_CONFIGS", [config])
+    monkeypatch.setattr(streamk_module, "_BEST", {})
+    compare(layer, x, positions, cache_rows, 2 * 4096, fill=float("nan"))
+    runs = []
+    for _ in range(3):
+        k_cache, v_cache = layer.caches(2 * 4096)
+        runs.append((layer.run(x, positions, cache_rows, k_cache, v_cache, "triton"), k_cache, v_cache))
+    for later in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], later))
+    assert all(int(arrivals.abs().sum()) == 0 for arrivals in streamk_module._ARRIVALS.values())
 
 
 @needs_hopper
