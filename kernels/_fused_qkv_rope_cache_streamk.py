@@ -200,10 +200,11 @@ class StreamKConfig:
 
 
 # Small token counts are weight streams: one-head tiles over all SMs, deep pipelines on one warpgroup (the
-# split-K probe's best Dream shape), or on two (half the rows per warp when a split tile is finished). Large ones are compute bound: two-head 128 x 256 tiles on two warpgroups,
-# whose one-wave-plus-a-bit shapes (Dream at 1024 tokens: 144 tiles) are what the tail split is for. The last
-# two fit fp32 inputs in shared memory (the others do not; the tuner skips what does not fit). Each shape is
-# tried with an aligned and a balanced tail (one compiled kernel: the tail split is a runtime argument).
+# split-K probe's best Dream shape), or on two (half the rows per warp when a split tile is finished). Large
+# ones are compute bound: two-head 128 x 256 tiles on two warpgroups, whose one-wave-plus-a-bit shapes (Dream at
+# 1024 tokens: 144 tiles) are what the tail split is for. The last two fit fp32 inputs in shared memory (the
+# others do not; the tuner skips what does not fit). Each shape is tried with an aligned and a balanced tail
+# (one compiled kernel: the tail split is a runtime argument).
 _CUDA_SHAPES = ((128, 1, 64, 5, 4), (128, 1, 64, 4, 4), (128, 1, 128, 3, 4), (64, 1, 64, 6, 4), (128, 2, 64, 4, 8),
                 (128, 2, 64, 3, 8), (128, 1, 64, 5, 8), (128, 1, 64, 4, 8), (64, 1, 32, 3, 4), (128, 2, 32, 2, 8))
 CUDA_CONFIGS = [StreamKConfig(*shape, balanced) for shape in _CUDA_SHAPES for balanced in (False, True)]

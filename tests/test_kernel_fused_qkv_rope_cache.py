@@ -176,8 +176,8 @@ def force_streamk(monkeypatch, name: str) -> None:
                 ids=lambda param: "-".join(param))
 def hopper_kernel(request, monkeypatch):
     """Force one of the two TMA paths with one config shape; returns the path name. tma: the autotuner runs
-    that config only; streamk: data-parallel tiles, whole tail tiles, tail tiles split over 2-3 programs and (balanced) ranges
-    running on into the next tile."""
+    that config only; streamk: data-parallel tiles, whole tail tiles, tail tiles split over 2-3 programs and
+    (balanced) ranges running on into the next tile."""
     path, name = request.param
     if path == "tma":
         monkeypatch.setenv(PATH_ENV, "tma")
