@@ -34,7 +34,8 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from . import gpu_time_ms, interpreting
-from ._fused_qkv_rope_cache_tma import TMA_HEAD_DIM, TensorDescriptor, epilogue, wide_epilogue, wide_mainloop
+from ._fused_qkv_rope_cache_tma import (TMA_HEAD_DIM, TensorDescriptor, epilogue, head_halves, wide_epilogue,
+                                        wide_mainloop)
 from ._fused_qkv_rope_cache_triton import _grouped_tile
 
 
@@ -104,21 +105,6 @@ def _slot(program, tile_begin, work, n_ranges, SLOT_ELEMS: tl.constexpr):
 
 
 @triton.jit
-def _head_halves(acc, h: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HEADS: tl.constexpr):
-    """Columns [0, Dh/2) and [Dh/2, Dh) of head h of a [BLOCK_M, HEADS*Dh] accumulator (register renaming)."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    if HEADS == 1:
-        lo, hi = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, HALF]), (0, 2, 1)))
-    else:
-        acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, 2, HALF]), (0, 3, 2, 1)))
-        if h == 0:
-            lo, hi = tl.split(acc0)
-        else:
-            lo, hi = tl.split(acc1)
-    return lo, hi
-
-
-@triton.jit
 def _share_partial(acc, ws_ptr, arrival_ptr, pid, first, last, tile_begin, work, n_ranges, head0, off_m, ctx,
                    HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, HEADS: tl.constexpr,
                    FIX_ROWS: tl.constexpr, FIX_CHUNK: tl.constexpr):
@@ -131,7 +117,7 @@ def _share_partial(acc, ws_ptr, arrival_ptr, pid, first, last, tile_begin, work,
     offs = tl.arange(0, BLOCK_M)[:, None] * HALF + tl.arange(0, HALF)[None, :]
     slot_ptr = ws_ptr + _slot(pid, tile_begin, work, n_ranges, SLOT_ELEMS)
     for h in tl.static_range(HEADS):  # layout [HEADS, 2 (lo, hi), BLOCK_M, Dh/2]
-        lo, hi = _head_halves(acc, h, HEAD_DIM, BLOCK_M, HEADS)
+        lo, hi = head_halves(acc, h, HEAD_DIM, BLOCK_M, HEADS)
         tl.store(slot_ptr + 2 * h * PIECE + offs, lo)
         tl.store(slot_ptr + (2 * h + 1) * PIECE + offs, hi)
     # Every warp's stores precede the arrival (one thread's gpu-scope acq_rel atomic after a CTA barrier); the

@@ -152,22 +152,31 @@ def wide_mainloop(x_desc, w_desc, off_m, w_row, k_begin, k_end, UPCAST: tl.const
 
 
 @triton.jit
-def wide_epilogue(acc, head0, off_m, ctx, HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                  HEADS: tl.constexpr):
-    """Epilogue of a [BLOCK_M, HEADS*Dh] accumulator of whole heads head0.. (one head at a time)."""
+def head_halves(acc, h: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HEADS: tl.constexpr):
+    """Columns [0, Dh/2) and [Dh/2, Dh) (lo, hi) of head h of a [BLOCK_M, HEADS*Dh] accumulator of whole heads:
+    reshape/permute/split, register renaming on sm90 (no data movement)."""
     HALF: tl.constexpr = HEAD_DIM // 2
     if HEADS == 1:
         # column s*Dh/2 + d -> (d, s): the pair axis last, so split hands back lo (s=0) and hi (s=1)
         lo, hi = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, HALF]), (0, 2, 1)))
-        epilogue(lo, hi, head0, off_m, 0, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, HALF)
     else:
-        # column h*Dh + s*Dh/2 + d -> (d, s, h): split off the head, then the half; one head at a time
-        # keeps the epilogue's live registers to one head's worth
+        # column h*Dh + s*Dh/2 + d -> (d, s, h): split off the head, then the half
         acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, 2, HALF]), (0, 3, 2, 1)))
-        lo, hi = tl.split(acc0)
-        epilogue(lo, hi, head0, off_m, 0, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, HALF)
-        lo, hi = tl.split(acc1)
-        epilogue(lo, hi, head0 + 1, off_m, 0, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, HALF)
+        if h == 0:
+            lo, hi = tl.split(acc0)
+        else:
+            lo, hi = tl.split(acc1)
+    return lo, hi
+
+
+@triton.jit
+def wide_epilogue(acc, head0, off_m, ctx, HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                  HEADS: tl.constexpr):
+    """Epilogue of a [BLOCK_M, HEADS*Dh] accumulator of whole heads head0.. (one head at a time keeps the
+    epilogue's live registers to one head's worth)."""
+    for h in tl.static_range(HEADS):
+        lo, hi = head_halves(acc, h, HEAD_DIM, BLOCK_M, HEADS)
+        epilogue(lo, hi, head0 + h, off_m, 0, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, HEAD_DIM // 2)
 
 
 @triton.jit
