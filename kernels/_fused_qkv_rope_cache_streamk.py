@@ -46,7 +46,7 @@ def _fused_qkv_streamk_kernel(
     stride_cos, stride_sin, stride_q, stride_kc, stride_vc,
     HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, HEADS: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    FIX_ROWS: tl.constexpr, FIX_CHUNK: tl.constexpr,
+    FIX_ROWS: tl.constexpr,
 ):
     BLOCK_N: tl.constexpr = HEADS * HEAD_DIM
     pid = tl.program_id(0)
@@ -80,7 +80,7 @@ def _fused_qkv_streamk_kernel(
             else:
                 _share_partial(acc, ws_ptr, arrivals_ptr + tile, pid, first, last, tile_begin, work,
                                tail_programs, pid_n * HEADS, pid_m * BLOCK_M, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M,
-                               HEADS, FIX_ROWS, FIX_CHUNK)
+                               HEADS, FIX_ROWS)
             step = tile_begin + piece_end
 
 
@@ -107,7 +107,7 @@ def _slot(program, tile_begin, work, n_ranges, SLOT_ELEMS: tl.constexpr):
 @triton.jit
 def _share_partial(acc, ws_ptr, arrival_ptr, pid, first, last, tile_begin, work, n_ranges, head0, off_m, ctx,
                    HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, HEADS: tl.constexpr,
-                   FIX_ROWS: tl.constexpr, FIX_CHUNK: tl.constexpr):
+                   FIX_ROWS: tl.constexpr):
     """Publish this program's partial of a split tile; the last of its contributors finishes the tile: per head
     and per FIX_ROWS-row slice (what fits in registers next to the epilogue), the partials in contributor order
     -- its own too, re-read: the same sum whoever arrives last -- then the epilogue."""
@@ -131,15 +131,11 @@ def _share_partial(acc, ws_ptr, arrival_ptr, pid, first, last, tile_begin, work,
             for row0 in tl.static_range(0, BLOCK_M, FIX_ROWS):
                 lo_sum = tl.zeros([FIX_ROWS, HALF], dtype=tl.float32)
                 hi_sum = tl.zeros([FIX_ROWS, HALF], dtype=tl.float32)
-                # FIX_CHUNK contributors' loads per round trip (unrolled, masked past `last`; the masked
-                # terms add 0.0). On the H200 this was no faster than one contributor per trip: the epilogue's
-                # own dependent loads (position -> cos/sin, cache row) dominate the finish.
-                for chunk in range(first, last + 1, FIX_CHUNK):
-                    for i in tl.static_range(FIX_CHUNK):
-                        ptr = (ws_ptr + _slot(chunk + i, tile_begin, work, n_ranges, SLOT_ELEMS) + 2 * h * PIECE
-                               + row0 * HALF + slice_offs)
-                        lo_sum += tl.load(ptr, mask=chunk + i <= last, other=0.0, cache_modifier=".cg")
-                        hi_sum += tl.load(ptr + PIECE, mask=chunk + i <= last, other=0.0, cache_modifier=".cg")
+                for program in range(first, last + 1):
+                    ptr = (ws_ptr + _slot(program, tile_begin, work, n_ranges, SLOT_ELEMS) + 2 * h * PIECE
+                           + row0 * HALF + slice_offs)
+                    lo_sum += tl.load(ptr, cache_modifier=".cg")
+                    hi_sum += tl.load(ptr + PIECE, cache_modifier=".cg")
                 epilogue(lo_sum, hi_sum, head0 + h, off_m + row0, 0, ctx, HEAD_DIM, HAS_BIAS, FIX_ROWS, HALF)
 
 
@@ -178,11 +174,10 @@ class StreamKConfig:
 
     @property
     def meta(self) -> dict:
-        # Finishing a split tile: FIX_ROWS rows per slice, 8 per warp, and FIX_CHUNK contributors per load
-        # round: 2 x FIX_CHUNK [FIX_ROWS, Dh/2] fp32 loads in flight = 128 registers per thread (a whole
-        # 128-row slice on one warpgroup spilled 1.7 KB at sm90)
+        # Finishing a split tile: FIX_ROWS rows per slice, 8 per warp (a whole 128-row slice on one warpgroup
+        # spilled 1.7 KB at sm90; loading several contributors per round trip measured no faster)
         return {"BLOCK_M": self.block_m, "HEADS": self.heads, "BLOCK_K": self.block_k, "GROUP_M": 8,
-                "FIX_ROWS": min(self.block_m, 8 * self.warps), "FIX_CHUNK": 4}
+                "FIX_ROWS": min(self.block_m, 8 * self.warps)}
 
 
 # Small token counts are weight streams: one-head tiles over all SMs, deep pipelines on one warpgroup (the
