@@ -3,6 +3,7 @@ data-parallel TMA configs, one at a time (CUDA-graph medians over rotating weigh
 --profile also each kernel's own device time from the CUDA profiler (no launch gaps).
 
 Usage: python3 benchmarks/probe_fused_schedules.py [--cases model:tokens,...] [--csv PATH] [--profile]
+       [--only TEXT ...] [--no-tma]   (--only: stream-K configs whose repr holds every TEXT)
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from bench_kernels import MODELS, fused_inputs, graph_ms
 from flash_dllm.kernels import _fused_qkv_rope_cache_streamk as sk
@@ -41,6 +43,8 @@ def main() -> None:
     parser.add_argument("--csv")
     parser.add_argument("--cases", default="dream-7b:128,dream-7b:1024,dream-7b:4096")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--only", nargs="*", default=[])
+    parser.add_argument("--no-tma", action="store_true")
     args = parser.parse_args()
     rows = []
     for case in args.cases.split(","):
@@ -61,10 +65,11 @@ def main() -> None:
                          "vs_cublas": round(t / t_mm, 3)})
             print(f"  {variant:<100} {t * 1000:7.1f} us  x{t / t_mm:.3f}", flush=True)
 
+        record("cublas", t_mm)
         if args.profile:
             record("cublas kernel (profiler)", kernel_us(lambda i: F.linear(x[i], w[i]), copies) / 1000)
         os.environ[PATH_ENV] = "streamk"
-        for config in sk.CUDA_CONFIGS:
+        for config in [c for c in sk.CUDA_CONFIGS if all(text in repr(c) for text in args.only)]:
             sk._BEST.clear()
             saved = sk.CUDA_CONFIGS
             sk.CUDA_CONFIGS = [config]
@@ -81,7 +86,7 @@ def main() -> None:
         os.environ[PATH_ENV] = "tma"
         kernel = tma._fused_qkv_rope_cache_tma_kernel
         saved_configs = kernel.configs
-        for row in TMA_CONFIGS:
+        for row in [] if args.no_tma else TMA_CONFIGS:
             kernel.configs = [tma._config(*row)]
             kernel.cache.clear()
             try:
@@ -96,9 +101,10 @@ def main() -> None:
         torch.cuda.empty_cache()
     if args.csv:
         with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__}
+            writer = csv.DictWriter(f, fieldnames=[*env, *rows[0]])
             writer.writeheader()
-            writer.writerows(rows)
+            writer.writerows({**env, **row} for row in rows)
 
 
 if __name__ == "__main__":
