@@ -196,8 +196,11 @@ def epilogue(lo, hi, head, off_m, d0, ctx, HEAD_DIM: tl.constexpr, HAS_BIAS: tl.
     kv_first = n_heads + n_kv_heads  # first v head in the stacked order q | k | v
     col = head * HEAD_DIM + offs_d  # packed qkv column (= weight row) of the lo half
     if HAS_BIAS:
-        lo += tl.load(b_ptr + col, mask=head < n_qkv_heads, other=0.0).to(tl.float32)[None, :]
-        hi += tl.load(b_ptr + col + HALF, mask=head < n_qkv_heads, other=0.0).to(tl.float32)[None, :]
+        # == (head < n_qkv_heads) for every column (offs_d + HALF < Dh), as a vector: Triton 3.9's interpreter
+        # rejects a scalar mask broadcast over a load
+        bias_ok = col < n_qkv_heads * HEAD_DIM
+        lo += tl.load(b_ptr + col, mask=bias_ok, other=0.0).to(tl.float32)[None, :]
+        hi += tl.load(b_ptr + col + HALF, mask=bias_ok, other=0.0).to(tl.float32)[None, :]
     if head < kv_first:  # q or k: rotate
         pos = tl.load(pos_ptr + offs_m, mask=m_ok, other=0).to(tl.int64)
         cos = tl.load(cos_ptr + pos[:, None] * stride_cos + offs_d[None, :])
