@@ -276,11 +276,21 @@ def main() -> None:
 
 
 def write_csv(path: str, env: dict) -> None:
-    fields = list(dict.fromkeys([*env, "op", "model", "shape", "variant", "ms", *(k for r in ROWS for k in r)]))
+    write_rows_csv(path, ROWS, env)
+
+
+def device_env() -> dict:
+    """The columns that say where a probe ran."""
+    return {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__}
+
+
+def write_rows_csv(path: str, rows: list[dict], env: dict) -> None:
+    """rows with env's columns first; the header is every key any row has, in first-seen order."""
+    fields = list(dict.fromkeys([*env, *(k for r in rows for k in r)]))
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
-        for row in ROWS:
+        for row in rows:
             writer.writerow({**env, **row})
 
 

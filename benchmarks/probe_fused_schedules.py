@@ -8,14 +8,12 @@ Usage: python3 benchmarks/probe_fused_schedules.py [--cases model:tokens,...] [-
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 
 import torch
 import torch.nn.functional as F
-import triton
 
-from bench_kernels import MODELS, fused_inputs, graph_ms
+from bench_kernels import MODELS, device_env, fused_inputs, graph_ms, write_rows_csv
 from flash_dllm.kernels import _fused_qkv_rope_cache_streamk as sk
 from flash_dllm.kernels import _fused_qkv_rope_cache_tma as tma
 from flash_dllm.kernels._fused_qkv_rope_cache_triton import PATH_ENV
@@ -100,11 +98,7 @@ def main() -> None:
         del w, b, x
         torch.cuda.empty_cache()
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__}
-            writer = csv.DictWriter(f, fieldnames=[*env, *rows[0]])
-            writer.writeheader()
-            writer.writerows({**env, **row} for row in rows)
+        write_rows_csv(args.csv, rows, device_env())
 
 
 if __name__ == "__main__":

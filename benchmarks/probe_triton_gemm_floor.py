@@ -16,7 +16,6 @@ Usage: python3 benchmarks/probe_triton_gemm_floor.py [--cases dream-7b:128,...] 
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 
 import torch
@@ -25,15 +24,13 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from bench_kernels import MODELS, graph_ms
+from bench_kernels import MODELS, device_env, graph_ms, write_rows_csv
 
 
 @triton.jit
-def _gemm_kernel(x_desc, w_desc, out_ptr, n_tokens, n_cols, d_model, k_per_split,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_ONE: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    split = tl.program_id(2)
+def _split_mainloop(x_desc, w_desc, pid_m, pid_n, split, k_per_split, d_model, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 [BLOCK_M, BLOCK_N] tile of x @ W^T over this split's K range, TMA tile loads."""
     k_begin = split * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, d_model)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -41,6 +38,13 @@ def _gemm_kernel(x_desc, w_desc, out_ptr, n_tokens, n_cols, d_model, k_per_split
         a = x_desc.load([pid_m * BLOCK_M, k])
         w = w_desc.load([pid_n * BLOCK_N, k])
         acc = tl.dot(a, w.T, acc)
+    return acc
+
+
+@triton.jit
+def _store_tile(acc, out_ptr, pid_m, pid_n, split, n_tokens, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                SPLIT_ONE: tl.constexpr):
+    """The only work after the K loop: bf16 rows (one split), or this split's fp32 partial, never summed."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
@@ -49,6 +53,16 @@ def _gemm_kernel(x_desc, w_desc, out_ptr, n_tokens, n_cols, d_model, k_per_split
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         tl.store(out_ptr + split.to(tl.int64) * n_tokens * n_cols + offs, acc, mask=mask)
+
+
+@triton.jit
+def _gemm_kernel(x_desc, w_desc, out_ptr, n_tokens, n_cols, d_model, k_per_split,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_ONE: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    split = tl.program_id(2)
+    acc = _split_mainloop(x_desc, w_desc, pid_m, pid_n, split, k_per_split, d_model, BLOCK_M, BLOCK_N, BLOCK_K)
+    _store_tile(acc, out_ptr, pid_m, pid_n, split, n_tokens, n_cols, BLOCK_M, BLOCK_N, SPLIT_ONE)
 
 
 @triton.jit
@@ -69,14 +83,7 @@ def _gemm_ws_kernel(x_ptr, w_ptr, out_ptr, n_tokens, n_cols, d_model, k_per_spli
         a = x_desc.load([pid_m * BLOCK_M, k])
         w = w_desc.load([pid_n * BLOCK_N, k])
         acc = tl.dot(a, w.T, acc)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-    mask = rows[:, None] < n_tokens
-    if SPLIT_ONE:
-        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(out_ptr + split.to(tl.int64) * n_tokens * n_cols + offs, acc, mask=mask)
+    _store_tile(acc, out_ptr, pid_m, pid_n, split, n_tokens, n_cols, BLOCK_M, BLOCK_N, SPLIT_ONE)
 
 
 def run_ws(x, w, out, block_m, block_n, block_k, split, stages):
@@ -110,13 +117,7 @@ def _gemm_splitk_reduce_kernel(x_desc, w_desc, ws_ptr, arrivals_ptr, out_ptr, n_
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
     tile = pid_m * tl.num_programs(0) + pid_n
-    k_begin = split * k_per_split
-    k_end = tl.minimum(k_begin + k_per_split, d_model)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(k_begin, k_end, BLOCK_K):
-        a = x_desc.load([pid_m * BLOCK_M, k])
-        w = w_desc.load([pid_n * BLOCK_N, k])
-        acc = tl.dot(a, w.T, acc)
+    acc = _split_mainloop(x_desc, w_desc, pid_m, pid_n, split, k_per_split, d_model, BLOCK_M, BLOCK_N, BLOCK_K)
     TILE: tl.constexpr = BLOCK_M * BLOCK_N
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     tile_ws = ws_ptr + tile.to(tl.int64) * SPLIT * TILE
@@ -234,11 +235,7 @@ def main() -> None:
         rows.append({"model": model, "tokens": n_tokens, "variant": "cublas", "us": round(t_mm * 1000, 2),
                      "vs_cublas": 1.0})
         if args.csv:  # after every case, so a run cut short by a time limit keeps what it measured
-            with open(args.csv, "w", newline="") as f:
-                env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__}
-                writer = csv.DictWriter(f, fieldnames=[*env, *rows[0]])
-                writer.writeheader()
-                writer.writerows({**env, **row} for row in rows)
+            write_rows_csv(args.csv, rows, device_env())
 
 
 if __name__ == "__main__":
