@@ -55,7 +55,7 @@ class SequenceState:
 
     @property
     def done(self) -> bool:
-        return self.cancelled or not self.masked_cells()
+        return self.cancelled or MASK not in self.answer[: self.limit]  # == not masked_cells(), without the list
 
     def is_padding(self, cell: int) -> bool:
         return self.end is not None and cell > self.end
@@ -71,7 +71,14 @@ class SequenceState:
         return self.mask_id if token == MASK else token
 
     def tokens(self) -> list[int]:
-        return [self.token_at(p) for p in range(self.total_len)]
+        """token_at of every position, built with list operations (the decode loops call it every step)."""
+        limit = self.limit
+        cells = [self.mask_id if token == MASK else token for token in self.answer[:limit]]
+        return self.prompt_ids + cells + [self.eos_id] * (self.gen_length - limit)
+
+    def tokens_at(self, positions: list[int]) -> list[int]:
+        row = self.tokens()
+        return [row[p] for p in positions]
 
     def commit(self, cells: list[int], tokens: list[int], confidences: list[float]) -> int | None:
         """Fix tokens into cells. Returns the new end cell when this commit ended the answer, else None."""

@@ -25,7 +25,7 @@ def draft_query(state: SequenceState, positions: list[int], cells: list[int], sh
     return SeqQuery(
         state=state,
         positions=positions,
-        tokens=[state.token_at(p) for p in positions],
+        tokens=state.tokens_at(positions),
         readout=readout,
         score_rows=[index[state.prompt_len + c] for c in cells] if scores else [],
     )

@@ -1,7 +1,13 @@
 """Commit and acceptance rules on scripted numbers (no model)."""
 from __future__ import annotations
 
-from flash_dllm.engine.canvas import SequenceState
+import random
+
+import torch
+
+from flash_dllm.engine.canvas import MASK, SequenceState
+from flash_dllm.engine.planners import FlashCachePlanner
+from flash_dllm.engine.settings import GenerationSettings
 from flash_dllm.engine.strategies import (
     BlockThreshold,
     LowConfidenceTopK,
@@ -90,3 +96,42 @@ def test_chain_visibility_layout():
         seen_by_draft = {k for k in range(len(vis)) if vis[draft(i)][k]}
         assert seen_by_draft == {0} | {draft(j) for j in range(i + 1)} | {mask(j) for j in range(i + 1, n)}
     assert {k for k in range(len(vis)) if vis[0][k]} == {0} | {mask(j) for j in range(n)}
+
+
+def test_canvas_tokens_and_done_agree_with_their_per_cell_definitions():
+    """tokens()/tokens_at()/done are list-operation shortcuts (the decode loops call them every step) of
+    token_at and masked_cells: random commits, end tokens included, must never make them disagree."""
+    rng = random.Random(1)
+    for _ in range(300):
+        s = SequenceState(0, [rng.randrange(50) for _ in range(rng.randrange(1, 30))], rng.randrange(1, 40),
+                          mask_id=99, eos_id=98, end_ids=frozenset({98, 97}))
+        for _ in range(rng.randrange(1, 5)):
+            cells = rng.sample(range(s.gen_length), rng.randrange(0, s.gen_length + 1))
+            s.commit(cells, [rng.choice([1, 2, 3, 97, 98]) for _ in cells], [0.5] * len(cells))
+            assert s.tokens() == [s.token_at(p) for p in range(s.total_len)]
+            assert s.done == (not s.masked_cells())
+            positions = rng.sample(range(s.total_len), rng.randrange(0, s.total_len + 1))
+            assert s.tokens_at(positions) == [s.token_at(p) for p in positions]
+
+
+def test_flash_cache_tracks_the_decoded_positions_the_window_attended_most():
+    """note_attention against a plain ranking: per sequence (slots in any order), eligible = prompt positions
+    and committed cells; the `track` highest attention masses, highest first; masked cells never."""
+    settings = GenerationSettings(method="flash-cache", gen_length=12, track=5)
+    planner = FlashCachePlanner(settings, shift=False)
+    rng = random.Random(3)
+    states = []
+    for slot in (2, 0):
+        s = SequenceState(slot, [1, 2, 3, 4], 12, mask_id=99, eos_id=98, end_ids=frozenset({98}))
+        cells = rng.sample(range(12), 4)
+        s.commit(cells, [5] * 4, [0.9] * 4)
+        states.append(s)
+    slot_len = 16
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.rand(3 * slot_len, generator=gen)
+    planner.note_attention(scores, states, slot_len)
+    for s in states:
+        row = scores[s.index * slot_len: (s.index + 1) * slot_len].tolist()
+        eligible = list(range(s.prompt_len)) + [s.prompt_len + c for c in range(12) if s.answer[c] != MASK]
+        expected = sorted(eligible, key=lambda p: -row[p])[:5]
+        assert planner.most_attended[s.index] == expected
