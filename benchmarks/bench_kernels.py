@@ -250,8 +250,7 @@ def main() -> None:
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") == "1":
         sys.exit("bench_kernels.py needs a CUDA device and TRITON_INTERPRET unset")
     props = torch.cuda.get_device_properties(0)
-    env = {"gpu": props.name, "torch": torch.__version__, "triton": triton.__version__,
-           "sms": props.multi_processor_count, "l2_mb": props.L2_cache_size / 2**20}
+    env = {**device_env(), "sms": props.multi_processor_count, "l2_mb": props.L2_cache_size / 2**20}
     print(f"{env}\ndtype={DTYPE}; do_bench median (warmup 25 ms, rep 200 ms); graph = CUDA-graph replay", flush=True)
     torch.manual_seed(0)
     copy_gbs = copy_bandwidth_gbs()

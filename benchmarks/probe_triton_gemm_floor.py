@@ -86,9 +86,14 @@ def _gemm_ws_kernel(x_ptr, w_ptr, out_ptr, n_tokens, n_cols, d_model, k_per_spli
     _store_tile(acc, out_ptr, pid_m, pid_n, split, n_tokens, n_cols, BLOCK_M, BLOCK_N, SPLIT_ONE)
 
 
+def _k_per_split(d_model: int, block_k: int, split: int) -> int:
+    """K elements per split: the K steps shared out evenly, whole steps each (the last split may be short)."""
+    return triton.cdiv(triton.cdiv(d_model, block_k), split) * block_k
+
+
 def run_ws(x, w, out, block_m, block_n, block_k, split, stages):
     n_tokens, d_model = x.shape
-    k_per_split = triton.cdiv(triton.cdiv(d_model, block_k), split) * block_k
+    k_per_split = _k_per_split(d_model, block_k, split)
     grid = (w.shape[0] // block_n, triton.cdiv(n_tokens, block_m), split)
     _gemm_ws_kernel[grid](x, w, out, n_tokens, w.shape[0], d_model, k_per_split, BLOCK_M=block_m,
                           BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_ONE=split == 1, num_stages=stages, num_warps=4)
@@ -96,8 +101,7 @@ def run_ws(x, w, out, block_m, block_n, block_k, split, stages):
 
 def run(x, w, out, block_m, block_n, block_k, split, stages, warps):
     n_tokens, d_model = x.shape
-    k_steps = triton.cdiv(d_model, block_k)
-    k_per_split = triton.cdiv(k_steps, split) * block_k
+    k_per_split = _k_per_split(d_model, block_k, split)
     x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
     w_desc = TensorDescriptor.from_tensor(w, [block_n, block_k])
     grid = (w.shape[0] // block_n, triton.cdiv(n_tokens, block_m), split)
@@ -139,7 +143,7 @@ def _gemm_splitk_reduce_kernel(x_desc, w_desc, ws_ptr, arrivals_ptr, out_ptr, n_
 
 def run_reduce(x, w, ws, arrivals, out, block_m, block_n, block_k, split, slice_rows, stages, warps):
     n_tokens, d_model = x.shape
-    k_per_split = triton.cdiv(triton.cdiv(d_model, block_k), split) * block_k
+    k_per_split = _k_per_split(d_model, block_k, split)
     x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
     w_desc = TensorDescriptor.from_tensor(w, [block_n, block_k])
     grid = (w.shape[0] // block_n, triton.cdiv(n_tokens, block_m), split)
