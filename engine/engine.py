@@ -8,16 +8,15 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
 
-from flash_dllm.engine.canvas import SequenceState
 from flash_dllm.engine.chat import ChatTokenizer, load_tokenizer
-from flash_dllm.engine.decode_common import DecodeContext
 from flash_dllm.engine.events import CanvasStart, SequenceDone
+from flash_dllm.engine.sequence import SequenceState
 from flash_dllm.engine.model import DiffusionLM
 from flash_dllm.engine.settings import METHODS, GenerationResult, GenerationSettings, SettingsError, validate
 from flash_dllm.engine.weights import load_model
@@ -68,12 +67,16 @@ def pick_dtype(dtype, device: torch.device) -> torch.dtype | None:
 
 
 class Engine:
-    def __init__(self, model: DiffusionLM, tokenizer: ChatTokenizer, name: str, folder: Path, kernels: str):
+    def __init__(self, model: DiffusionLM, tokenizer: ChatTokenizer, name: str, folder: Path, kernels: str,
+                 graphs: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
         self.folder = folder
         self.kernels = kernels
+        self.graphs = graphs  # replay each steady decode step as a CUDA graph (CUDA + Triton kernels only)
+        self.last_run = None  # the last generate call's loop outcome (steps, graph replays, capture time)
+        self._decode = None  # (shape key, DecodeSession) of the last call, reused by the next of that shape
         self._lock = threading.Lock()
 
     @classmethod
@@ -121,15 +124,20 @@ class Engine:
                 turns, dropped = turns[1:], dropped + 1
         return head + turns, dropped
 
+    def encode(self, prompts: list, settings: GenerationSettings) -> list[list[int]]:
+        """Token ids of each prompt (a string or a list of {"role", "content"} messages), checked against the
+        model's context: the first place a too-long prompt is seen, so the one place it is reported."""
+        limit = self.model.config.max_seq_len
+        encoded = [self.tokenizer.encode(prompt, settings.use_chat_template) for prompt in prompts]
+        for ids in encoded:
+            validate(settings, limit, len(ids))
+        return encoded
+
     def new_states(self, prompts: list, settings: GenerationSettings) -> list[SequenceState]:
+        """Host reference states of the prompts (tests and the reference decoder)."""
         cfg = self.model.config
-        states = []
-        for index, prompt in enumerate(prompts):
-            ids = self.tokenizer.encode(prompt, settings.use_chat_template)
-            validate(settings, cfg.max_seq_len, len(ids))
-            states.append(SequenceState(index, ids, settings.gen_length, cfg.mask_id, cfg.eos_id,
-                                        self.tokenizer.end_ids))
-        return states
+        return [SequenceState(index, ids, settings.gen_length, cfg.mask_id, cfg.eos_id, self.tokenizer.end_ids)
+                for index, ids in enumerate(self.encode(prompts, settings))]
 
     def generate(self, prompts: list, settings: GenerationSettings, on_event: Callable | None = None,
                  cancel: threading.Event | None = None) -> list[GenerationResult]:
@@ -138,68 +146,89 @@ class Engine:
         validate(settings)
         if not prompts:
             raise SettingsError("no prompt given")
-        states = self.new_states(prompts, settings)
+        if settings.seed is None:  # one seed per call, so the decoder and its records agree on it
+            settings = settings.with_overrides(seed=int(time.time_ns() & 0xFFFFFFFF))
+        encoded = self.encode(prompts, settings)
         emit = on_event or (lambda event: None)
         with self._lock:
-            generator = None
-            if settings.temperature > 0:
-                generator = torch.Generator(device=self.device)
-                generator.manual_seed(settings.seed if settings.seed is not None else int(time.time()))
-            ctx = DecodeContext(self.model, settings, self.kernels, emit, self.tokenizer.piece, cancel, generator)
-            for state in states:
-                tail = [self.tokenizer.piece(t) for t in state.prompt_ids[-24:]]
-                emit(CanvasStart(state.index, settings.gen_length, settings.block_length, tail, settings.method))
+            started = time.perf_counter()
             try:
-                self._run(ctx, states)
-                ctx.synchronize()
+                session = self._session(settings, encoded)
+                session.canvas.load(encoded, [settings.gen_length] * len(encoded),
+                                    [settings.seed_for(i) for i in range(len(encoded))], settings.threshold,
+                                    settings.gamma, settings.temperature)
+                session.method.reset(session.canvas)
+                for index, ids in enumerate(encoded):
+                    tail = [self.tokenizer.piece(t) for t in ids[-24:]]
+                    emit(CanvasStart(index, settings.gen_length, settings.block_length, tail, settings.method))
+                with torch.no_grad():
+                    outcome = session.run(emit, self.tokenizer.piece, cancel, started)
+                results = self._results(session, settings, len(encoded), time.perf_counter() - started)
             except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
                 if not is_out_of_memory(err):
                     raise
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+                self._drop_session()
                 raise EngineError(
-                    f"out of memory on {self.device.type} for {len(states)} sequence(s) of {max(s.total_len for s in states)} tokens; "
+                    f"out of memory on {self.device.type} for {len(encoded)} sequence(s) of "
+                    f"{max(map(len, encoded)) + settings.gen_length} tokens; "
                     "use a shorter answer length, fewer prompts or a smaller model"
                 ) from None
-            elapsed = time.perf_counter() - ctx.started
-        results = [self._result(state, settings, elapsed) for state in states]
-        for state, result in zip(states, results):
-            emit(SequenceDone(state.index, result.text, result.token_ids, result.finish_reason))
+            self.last_run = outcome
+        for index, result in enumerate(results):
+            emit(SequenceDone(index, result.text, result.token_ids, result.finish_reason))
         return results
 
-    def _run(self, ctx: DecodeContext, states: list[SequenceState]) -> None:
-        from flash_dllm.engine.decode_cached import run_cached
-        from flash_dllm.engine.decode_full import run_full
-        from flash_dllm.engine.planners import planner_for
-        from flash_dllm.engine.strategies import LowConfidenceTopK
+    def _session(self, settings: GenerationSettings, encoded: list[list[int]]):
+        """The decode session for this call's shape: reused (with its captured CUDA graph) when the previous
+        call had the same one, else built anew (the old one's memory freed first)."""
+        from flash_dllm.engine.decode_loop import DecodeSession, VerifySpec
+        from flash_dllm.engine.device_canvas import DeviceCanvas
+        from flash_dllm.engine.host_reference import slot_length
+        from flash_dllm.engine.methods import METHODS
 
-        s = ctx.settings
-        if s.method == "llada":
-            run_full(ctx, states, LowConfidenceTopK(s.block_length, s.total_steps // s.n_blocks))
-        else:
-            run_cached(ctx, states, planner_for(s, self.model.config))
+        slot_len = slot_length([len(ids) + settings.gen_length for ids in encoded])
+        shape = replace(settings, threshold=0.0, gamma=0.0, temperature=float(settings.temperature > 0), seed=None,
+                        use_chat_template=True)
+        key = (len(encoded), slot_len, shape)
+        if self._decode is not None and self._decode[0] == key:
+            return self._decode[1]
+        self._drop_session()
+        cfg = self.model.config
+        method = METHODS[settings.method]
+        canvas = DeviceCanvas.allocate(len(encoded), slot_len, settings.gen_length, cfg.mask_id, cfg.eos_id,
+                                       self.tokenizer.end_ids, self.device)
+        verify = VerifySpec(settings.candidates_cap, settings.acceptance) if method.verify else None
+        session = DecodeSession(self.model, self.kernels, method.build_device(settings, canvas, cfg.shift_logits),
+                                canvas, verify, settings.temperature > 0, settings.cfg_scale, graphs=self.graphs)
+        self._decode = (key, session)
+        return session
 
-    def _result(self, state: SequenceState, settings: GenerationSettings, elapsed: float) -> GenerationResult:
-        ids = state.answer_ids()
-        return GenerationResult(
-            text=self.tokenizer.decode(ids),
-            token_ids=ids,
-            forward_passes=state.forward_passes,
-            steps=state.steps,
-            elapsed_s=round(elapsed, 4),
-            tokens_per_s=round(len(ids) / elapsed, 3) if elapsed > 0 else 0.0,
-            method=settings.method,
-            model=self.name,
-            finish_reason=state.finish_reason,
-            verify_passes=state.verify_passes,
-            draft_passes=state.forward_passes - state.verify_passes,
-            accepted_drafts=state.accepted_drafts,
-            rejected_drafts=state.rejected_drafts,
-            tokens_per_forward=round(len(ids) / state.forward_passes, 3) if state.forward_passes else 0.0,
-            kernels=self.kernels,
-            prompt_tokens=state.prompt_len,
-            settings=settings.to_dict(),
-        )
+    def _drop_session(self) -> None:
+        self._decode = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _results(self, session, settings: GenerationSettings, n: int, elapsed: float) -> list[GenerationResult]:
+        canvas = session.canvas
+        answer, end, gen = canvas.answer.cpu(), canvas.end.tolist(), canvas.gen_len.tolist()
+        masked = canvas.masked().cpu()
+        counters = {name: getattr(canvas, name).tolist() for name in
+                    ("prompt_len", "steps", "forward_passes", "verify_passes", "accepted", "rejected")}
+        results = []
+        for i in range(n):
+            stop = end[i] if end[i] < gen[i] else gen[i]
+            ids = [t for t in answer[i, :stop].tolist() if t >= 0]
+            reason = "eos" if end[i] < gen[i] else ("cancelled" if bool(masked[i].any()) else "length")
+            forwards = counters["forward_passes"][i]
+            results.append(GenerationResult(
+                text=self.tokenizer.decode(ids), token_ids=ids, forward_passes=forwards, steps=counters["steps"][i],
+                elapsed_s=round(elapsed, 4), tokens_per_s=round(len(ids) / elapsed, 3) if elapsed > 0 else 0.0,
+                method=settings.method, model=self.name, finish_reason=reason,
+                verify_passes=counters["verify_passes"][i], draft_passes=forwards - counters["verify_passes"][i],
+                accepted_drafts=counters["accepted"][i], rejected_drafts=counters["rejected"][i],
+                tokens_per_forward=round(len(ids) / forwards, 3) if forwards else 0.0, kernels=self.kernels,
+                prompt_tokens=counters["prompt_len"][i], settings=settings.to_dict()))
+        return results
 
     def stream(self, prompts: list, settings: GenerationSettings,
                cancel: threading.Event | None = None) -> Iterator[object]:

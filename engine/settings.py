@@ -3,12 +3,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-METHODS = {
-    "llada": "LLaDA reference: full forward every step, semi-autoregressive blocks, top-k low-confidence remasking",
-    "fast-dllm": "Fast-dLLM: block KV cache (dual or prefix) with confidence-threshold parallel decoding",
-    "flash-cache": "Flash-Cache: sliding masked window, look-ahead masks and attention-tracked tokens; the rest from cache",
-    "flash-verify": "Flash-Cache + Flash-Verify: the model drafts low-confidence tokens and verifies them itself",
-}
+from flash_dllm.engine.methods import descriptions
+
+METHODS = descriptions()  # name -> what it does (the registry, engine/methods.py, is the source)
 ACCEPTANCE_RULES = ("paper", "cumulative")
 CACHE_MODES = ("dual", "prefix")
 
@@ -54,6 +51,11 @@ class GenerationSettings:
     @property
     def candidates_cap(self) -> int:
         return self.max_candidates if self.max_candidates is not None else max(1, self.window // 2)
+
+    def seed_for(self, index: int) -> int:
+        """Sampling seed of the index-th prompt of a call: consecutive seeds, so prompt 0 of a batch samples
+        exactly what it samples alone, and equal prompts in one batch still sample differently."""
+        return ((self.seed if self.seed is not None else 0) + index) & 0xFFFFFFFF
 
 
 def validate(settings: GenerationSettings, max_context: int | None = None, prompt_tokens: int | None = None) -> None:

@@ -1,16 +1,25 @@
-"""Decoding strategies: small plug-ins that look at the canvas and at per-cell predictions and decide what to
-commit. The engine owns the loop, the cache and batching; a strategy never touches tensors.
+"""Commit rules of the host reference decoder: which masked cells compete at a step and which to commit.
 
-A strategy answers two questions per sequence and step:
-  * ``candidates(state)``: which masked cells compete this step (the current block, or the sliding window);
-  * ``select(state, cells, tokens, confidences)``: which of them to commit (indices into ``cells``).
-Flash-Verify adds the acceptance rules at the bottom of this file.
+The device decoder (engine/device_plan.py) implements the same rules as tensor operations; these are the plain
+versions it is tested against. A strategy never touches tensors. Per sequence and step, in this order:
+    candidates(state)                           the masked cells that compete (current block or sliding window)
+    select(state, cells, tokens, confidences)   pure: indices into `cells` to commit
+    end_step(state)                             after the commit: advance a block schedule
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Protocol
 
-from flash_dllm.engine.canvas import SequenceState
+from flash_dllm.engine.sequence import SequenceState
+
+
+class Strategy(Protocol):
+    def candidates(self, state: SequenceState) -> list[int]: ...
+
+    def select(self, state: SequenceState, cells: list[int], tokens: list[int], confidences: list[float]) -> list[int]: ...
+
+    def end_step(self, state: SequenceState) -> None: ...
 
 
 def split_evenly(count: int, steps: int) -> list[int]:
@@ -40,11 +49,11 @@ class BlockCursor:
 
     block: int = 0
     step_in_block: int = 0
-    quotas: list[int] = field(default_factory=list)
+    masks_at_start: int = 0  # masked cells of the block when it became current
 
 
 class BlockStrategy:
-    """Cells of the current block compete; the block advances once it has no mask left."""
+    """Cells of the current block compete: the first block that still has a masked cell."""
 
     def __init__(self, block_length: int, steps_per_block: int):
         self.block_length = block_length
@@ -52,16 +61,21 @@ class BlockStrategy:
         self.cursors: dict[int, BlockCursor] = {}
 
     def cursor(self, state: SequenceState) -> BlockCursor:
-        cur = self.cursors.setdefault(state.index, BlockCursor())
-        while True:
-            start = cur.block * self.block_length
+        if state.index not in self.cursors:
+            self.cursors[state.index] = self._moved(state, BlockCursor(block=-1))
+        return self.cursors[state.index]
+
+    def _moved(self, state: SequenceState, cur: BlockCursor) -> BlockCursor:
+        """The cursor at the first block from cur.block on with a masked cell (unchanged when none has)."""
+        n_blocks = state.gen_length // self.block_length
+        for block in range(max(cur.block, 0), n_blocks):
+            start = block * self.block_length
             masked = state.masked_cells(start, start + self.block_length)
-            if masked or start >= state.limit:
-                break
-            cur.block, cur.step_in_block, cur.quotas = cur.block + 1, 0, []
-        if not cur.quotas:
-            cur.quotas = split_evenly(len(masked), self.steps_per_block)
-        return cur
+            if masked:
+                if block != cur.block:
+                    return BlockCursor(block, 0, len(masked))
+                return cur
+        return cur if cur.block >= 0 else BlockCursor(0, 0, 0)
 
     def block_range(self, state: SequenceState) -> tuple[int, int]:
         start = self.cursor(state).block * self.block_length
@@ -74,8 +88,10 @@ class BlockStrategy:
         start, stop = self.block_range(state)
         return state.masked_cells(start, stop)
 
-    def advance(self, state: SequenceState) -> None:
-        self.cursor(state).step_in_block += 1
+    def end_step(self, state: SequenceState) -> None:
+        cur = self.cursor(state)
+        cur.step_in_block += 1
+        self.cursors[state.index] = self._moved(state, cur)
 
 
 class LowConfidenceTopK(BlockStrategy):
@@ -83,13 +99,11 @@ class LowConfidenceTopK(BlockStrategy):
 
     def select(self, state, cells, tokens, confidences) -> list[int]:
         cur = self.cursor(state)
-        step = min(cur.step_in_block, len(cur.quotas) - 1)
-        quota = cur.quotas[step] if cur.quotas else 1
-        if cur.step_in_block >= len(cur.quotas) - 1:  # last scheduled step: finish the block
+        quotas = split_evenly(cur.masks_at_start, self.steps_per_block)
+        quota = quotas[min(cur.step_in_block, len(quotas) - 1)]
+        if cur.step_in_block >= len(quotas) - 1:  # last scheduled step: finish the block
             quota = len(cells)
-        chosen = top_k(confidences, max(quota, 1 if cells else 0))
-        self.advance(state)
-        return chosen
+        return top_k(confidences, max(quota, 1 if cells else 0))
 
 
 class BlockThreshold(BlockStrategy):
@@ -100,9 +114,7 @@ class BlockThreshold(BlockStrategy):
         self.threshold = threshold
 
     def select(self, state, cells, tokens, confidences) -> list[int]:
-        chosen = threshold_select(confidences, self.threshold)
-        self.advance(state)
-        return chosen
+        return threshold_select(confidences, self.threshold)
 
 
 class WindowThreshold:
@@ -118,25 +130,5 @@ class WindowThreshold:
     def select(self, state, cells, tokens, confidences) -> list[int]:
         return threshold_select(confidences, self.threshold)
 
-
-def accept_paper(draft_tokens: list[int], mask_argmax: list[int], mask_conf: list[float], gamma: float) -> int:
-    """The paper's rule: accept candidate i when the mask view's argmax equals its draft with confidence
-    >= gamma; stop at the first failure. Returns the number of accepted candidates (a prefix)."""
-    accepted = 0
-    for draft, top, conf in zip(draft_tokens, mask_argmax, mask_conf):
-        if top != draft or conf < gamma:
-            break
-        accepted += 1
-    return accepted
-
-
-def accept_cumulative(draft_probs: list[float], gamma: float) -> int:
-    """The official code's rule: the longest prefix whose running product of mask-view probabilities of
-    the drafted tokens stays >= gamma."""
-    accepted, product = 0, 1.0
-    for prob in draft_probs:
-        product *= prob
-        if product < gamma:
-            break
-        accepted += 1
-    return accepted
+    def end_step(self, state: SequenceState) -> None:
+        pass

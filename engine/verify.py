@@ -14,13 +14,17 @@ Chain mask (who sees which in-query keys):
              still masked", which is what acceptance of candidate i must be judged on.
 Every other position is read from the cache; the cache rows of tracked and candidate positions are excluded
 (their in-query versions replace them). The pass writes scratch rows only, never the cache.
+
+This module is the host reference (plain lists) of choosing candidates and of both acceptance rules; the
+device decoder does the same with tensors (engine/device_verify.py, which also lays out the query).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flash_dllm.engine.canvas import SequenceState
-from flash_dllm.engine.kvcache import SeqQuery
+import torch
+
+from flash_dllm.engine.sequence import SequenceState
 
 
 @dataclass
@@ -50,36 +54,6 @@ def chain_visibility(n_tracked: int, n_candidates: int, with_predictors: bool) -
     return visible
 
 
-def predictor_token(state: SequenceState, candidates: VerifyCandidates, i: int, mask_id: int) -> int:
-    """Token at the position before candidate i, as M_i's view has it."""
-    before = candidates.cells[i] - 1
-    if before in candidates.cells:
-        j = candidates.cells.index(before)
-        return candidates.drafts[j] if j < i else mask_id
-    return state.token_at(state.prompt_len + before)
-
-
-def verify_query(state: SequenceState, tracked_cells: list[int], candidates: VerifyCandidates, shift: bool) -> SeqQuery:
-    p0, s = state.prompt_len, len(candidates.cells)
-    positions = [p0 + c for c in tracked_cells] + [p0 + c for c in candidates.cells] * 2
-    tokens = [state.answer[c] for c in tracked_cells] + list(candidates.drafts) + [state.mask_id] * s
-    readout = [len(tracked_cells) + s + i for i in range(s)]
-    if shift:
-        positions += [p0 + c - 1 for c in candidates.cells]
-        tokens += [predictor_token(state, candidates, i, state.mask_id) for i in range(s)]
-        readout = [len(tracked_cells) + 2 * s + i for i in range(s)]
-    return SeqQuery(
-        state=state,
-        positions=positions,
-        tokens=tokens,
-        readout=readout,
-        score_rows=[],
-        scratch=True,
-        inq_visible=chain_visibility(len(tracked_cells), s, shift),
-        exclude=[p0 + c for c in tracked_cells + candidates.cells],
-    )
-
-
 def pick_candidates(cells: list[int], tokens: list[int], confidences: list[float], state: SequenceState,
                     cap: int) -> VerifyCandidates:
     """The window's still-masked cells after the draft commit, most confident first, at most `cap`."""
@@ -88,3 +62,34 @@ def pick_candidates(cells: list[int], tokens: list[int], confidences: list[float
     left.sort(key=lambda item: (-item[0], item[1]))
     left = left[:cap]
     return VerifyCandidates(cells=[c for _, c, _ in left], drafts=[t for _, _, t in left])
+
+
+def accept_paper(draft_tokens: list[int], mask_argmax: list[int], mask_conf: list[float], gamma: float) -> int:
+    """The paper's rule: accept candidate i when the mask view's argmax equals its draft with confidence
+    >= gamma; stop at the first failure. Returns the number of accepted candidates (a prefix)."""
+    accepted = 0
+    for draft, top, conf in zip(draft_tokens, mask_argmax, mask_conf):
+        if top != draft or conf < gamma:
+            break
+        accepted += 1
+    return accepted
+
+
+def accept_cumulative(draft_probs: list[float], gamma: float) -> int:
+    """The official code's rule: the longest prefix whose running product of mask-view probabilities of
+    the drafted tokens stays >= gamma."""
+    accepted, product = 0, 1.0
+    for prob in draft_probs:
+        product *= prob
+        if product < gamma:
+            break
+        accepted += 1
+    return accepted
+
+
+def padded(rows: list[list[int]], width: int, fill: int = -1) -> torch.Tensor:
+    """[len(rows), width] int64 with each row's values first, then `fill`."""
+    out = torch.full((len(rows), max(width, 1)), fill, dtype=torch.int64)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row[:width], dtype=torch.int64)
+    return out[:, :width]

@@ -1,4 +1,4 @@
-"""Cached decoders (fast-dllm, flash-cache, flash-verify) against their plain references, on tiny models."""
+"""Cached decoders (fast-dllm, flash-cache, flash-verify) against plain references, on tiny models."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,17 +6,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from flash_dllm.engine import decode_cached
+from flash_dllm.engine import decode_loop
 from flash_dllm.engine.chat import load_tokenizer
-from flash_dllm.engine.decode_common import DecodeContext
-from flash_dllm.engine.decode_full import run_full
+from flash_dllm.engine.device_verify import VerifyBatch
 from flash_dllm.engine.engine import Engine
-from flash_dllm.engine.kvcache import KVCache, SeqQuery, pack
 from flash_dllm.engine.model import forward_cached, forward_hidden, lm_logits
+from flash_dllm.engine.packing import Layout, QueryPlan
+from flash_dllm.engine.sampling import predict
 from flash_dllm.engine.settings import GenerationSettings
 from flash_dllm.engine.strategies import WindowThreshold
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
-from flash_dllm.engine.verify import VerifyCandidates, verify_query
 from flash_dllm.engine.weights import load_model
 
 PROMPTS = ["What is 12*7?", "hello there, how are you today?", "x"]
@@ -44,12 +43,32 @@ def token_ids(results) -> list[list[int]]:
     return [r.token_ids for r in results]
 
 
+@torch.no_grad()
+def full_recomputation(engine: Engine, prompts: list[str], s: GenerationSettings):
+    """Flash-Cache's commit rule over a plain full forward (SDPA, no cache) of each sequence at every step."""
+    model, shift = engine.model, engine.model.config.shift_logits
+    rule = WindowThreshold(s.window, s.threshold)
+    states = engine.new_states(prompts, s)
+    for state in states:
+        while not state.done:
+            cells = rule.candidates(state)
+            hidden = forward_hidden(model, torch.tensor([state.tokens()]))[0]
+            rows = [state.prompt_len + c - (1 if shift else 0) for c in cells]
+            pred = predict(lm_logits(model, hidden[rows]))
+            tokens, conf = pred.tokens.tolist(), pred.confidences.tolist()
+            chosen = rule.select(state, cells, tokens, conf)
+            state.begin_step()
+            state.forward_passes += 1
+            state.commit([cells[i] for i in chosen], [tokens[i] for i in chosen], [conf[i] for i in chosen])
+            state.steps += 1
+    return states
+
+
 @pytest.mark.parametrize("threshold", [0.5, 0.9])
 def test_flash_cache_tracking_everything_equals_full_recomputation(engine, threshold):
     s = settings(track=-1, threshold=threshold)
     cached = engine.generate(PROMPTS, s)
-    states = engine.new_states(PROMPTS, s)
-    run_full(DecodeContext(engine.model, s), states, WindowThreshold(s.window, s.threshold))
+    states = full_recomputation(engine, PROMPTS, s)
     assert token_ids(cached) == [st.answer_ids() for st in states]
     assert [r.forward_passes for r in cached] == [st.forward_passes for st in states]
 
@@ -99,13 +118,13 @@ def test_fast_dllm_block_start_logits_equal_full_forward(engine, mode, monkeypat
     def checking_forward(model, k_cache, v_cache, step, backend, score_out=None):
         hidden = forward_cached(model, k_cache, v_cache, step, backend, score_out)
         plan = step.plan
-        if len(plan.host_q_len) == 1 and plan.host_q_len[0] == plan.host_kv_len[0]:  # a full query
+        if plan.q_len.numel() == 1 and int(plan.q_len[0]) == int(plan.kv_len[0]):  # a full query
             reference = forward_hidden(model, step.token_ids[None])[0]
             assert torch.allclose(lm_logits(model, hidden), lm_logits(model, reference[step.hidden_rows]), atol=1e-4)
             checked.append(True)
         return hidden
 
-    monkeypatch.setattr(decode_cached, "forward_cached", checking_forward)
+    monkeypatch.setattr(decode_loop, "forward_cached", checking_forward)
     s = settings(method="fast-dllm", cache_mode=mode, threshold=0.95)
     result = engine.generate(["What is 12*7?"], s)[0]
     blocks_reached = 1 + max((c // s.block_length for c in range(len(result.token_ids))), default=0)
@@ -117,34 +136,37 @@ def one_layer_engine(tmp_path: Path, family: str) -> Engine:
     return make_engine(write_tiny_model(tmp_path / family, spec))
 
 
-def logits_of(engine: Engine, cache: KVCache, query: SeqQuery) -> torch.Tensor:
-    step = pack(cache, [query])
-    return lm_logits(engine.model, forward_cached(engine.model, cache.k, cache.v, step, "torch"))
-
-
 @pytest.mark.parametrize("family", ["llada", "dream"])
-def test_chain_mask_matches_sequential_per_candidate_computation(tmp_path, family):
+@torch.no_grad()
+def test_chain_mask_matches_a_full_forward_of_each_candidates_view(tmp_path, family):
     """In a one-layer model K/V depend only on (token, position), so the verify pass's mask view of candidate
-    i must equal an explicit forward of the state 'candidates before i drafted, i and later masked'."""
+    i must equal a plain full forward (no cache) of the state 'candidates before i drafted, i and later
+    masked', read where that candidate's logits come from."""
     eng = one_layer_engine(tmp_path, family)
     s = settings(method="flash-verify")
-    state = eng.new_states(["What is 12*7? Think step by step."], s)[0]
-    cache = KVCache(eng.model, 1, state.total_len, scratch_per_slot=64)
-    everything = list(range(state.total_len))
-    logits_of(eng, cache, SeqQuery(state, everything, state.tokens(), [0], []))  # fill the cache
-    state.commit([0, 1], [65, 66], [1.0, 1.0])  # tracked: committed after the cache was written
-    tracked, cells, drafts = [0, 1], [5, 2, 6, 3], [70, 71, 72, 73]  # confidence order, not position order
-    cands = VerifyCandidates(cells=cells, drafts=drafts)
-    chain = logits_of(eng, cache, verify_query(state, tracked, cands, eng.model.config.shift_logits))
-    p0, shift = state.prompt_len, eng.model.config.shift_logits
+    ids = eng.encode(["What is 12*7? Think step by step."], s)
+    session = eng._session(s, ids)
+    canvas = session.canvas
+    canvas.load(ids, [s.gen_length], [0])
+    session.method.reset(canvas)
+    total = int(canvas.total_len()[0])
+    everything = QueryPlan(in_query=torch.arange(canvas.slot_len)[None] < total,
+                           cells=torch.full((1, session.method.readout), -1))
+    session._logits(everything, Layout((0,), (total,)))  # fill the cache with the all-masked state
+    canvas.begin_step()
+    canvas.commit(torch.tensor([[0, 1]]), torch.tensor([[65, 66]]), torch.ones((1, 2), dtype=torch.float64),
+                  torch.ones((1, 2), dtype=torch.bool))  # tracked: committed after the cache was written
+    cells, drafts, cap = [5, 2, 6, 3], [70, 71, 72, 73], session.verify.cap
+    batch = VerifyBatch(tracked=torch.tensor([[0, 1] + [-1] * (s.window - 2)]),
+                        cells=torch.tensor([cells + [-1] * (cap - 4)]), drafts=torch.tensor([drafts + [0] * (cap - 4)]))
+    step, hidden_rows = session.verify_layout.pack(batch)
+    chain = lm_logits(eng.model, forward_cached(eng.model, session.cache.k, session.cache.v, step, "torch"))
+    session.cache.keep.index_fill_(0, hidden_rows, 1)
+    p0, shift = int(canvas.prompt_len[0]), eng.model.config.shift_logits
+    base = canvas.tokens[0, :total].tolist()
     for i, cell in enumerate(cells):
-        view = {c: (drafts[j] if j < i else state.mask_id) for j, c in enumerate(cells)}
-        view.update({c: state.answer[c] for c in tracked})
-        positions = sorted(p0 + c for c in view)
-        read = p0 + cell - (1 if shift else 0)
-        if read not in positions:
-            positions = sorted(positions + [read])
-        tokens = [view.get(p - p0, state.token_at(p)) if p >= p0 else state.token_at(p) for p in positions]
-        explicit = SeqQuery(state, positions, tokens, [positions.index(read)], [], scratch=True,
-                            inq_visible=[[True] * len(positions) for _ in positions], exclude=positions)
-        torch.testing.assert_close(chain[i], logits_of(eng, cache, explicit)[0], atol=1e-4, rtol=1e-4)
+        view = list(base)
+        for j, c in enumerate(cells):
+            view[p0 + c] = drafts[j] if j < i else canvas.mask_id
+        explicit = lm_logits(eng.model, forward_hidden(eng.model, torch.tensor([view]))[0])
+        torch.testing.assert_close(chain[i], explicit[p0 + cell - (1 if shift else 0)], atol=1e-4, rtol=1e-4)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import flash_dllm.engine.decode_full as decode_full
+import flash_dllm.engine.decode_loop as decode_loop
 from flash_dllm.app.cli import main
 from flash_dllm.engine.paths import load_app_settings
 
@@ -193,7 +193,7 @@ def test_out_of_memory_exit_2(tiny_llada, monkeypatch, capsys):
     def out_of_memory(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(decode_full, "forward_hidden", out_of_memory)
+    monkeypatch.setattr(decode_loop, "forward_cached", out_of_memory)
     assert_usage_error(*run(["generate", "--model", str(tiny_llada), "--prompt", "hi", *FAST], capsys), "out of memory")
 
 

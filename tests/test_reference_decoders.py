@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-import flash_dllm.engine.decode_full as decode_full
+import flash_dllm.engine.decode_loop as decode_loop
 from flash_dllm.engine.engine import Engine
 from flash_dllm.engine.events import CanvasStart, StepEvent
 from flash_dllm.engine.model import forward_full, forward_hidden
@@ -165,13 +165,13 @@ def test_events_arrive_while_decoding(tiny_llada, monkeypatch):
     """The callback for step k runs after forward pass k+1 and before forward pass k+2 starts."""
     engine = load(tiny_llada)
     forwards = []
-    real_forward = decode_full.forward_hidden
+    real_forward = decode_loop.forward_cached
 
     def counting_forward(*args, **kwargs):
         forwards.append(1)
         return real_forward(*args, **kwargs)
 
-    monkeypatch.setattr(decode_full, "forward_hidden", counting_forward)
+    monkeypatch.setattr(decode_loop, "forward_cached", counting_forward)
     seen = []
     engine.generate([PROMPT], llada(gen_length=8, block_length=4, steps=8),
                     on_event=lambda e: seen.append((e.step, len(forwards))) if isinstance(e, StepEvent) else None)

@@ -5,19 +5,10 @@ import random
 
 import torch
 
-from flash_dllm.engine.canvas import MASK, SequenceState
-from flash_dllm.engine.planners import FlashCachePlanner
-from flash_dllm.engine.settings import GenerationSettings
-from flash_dllm.engine.strategies import (
-    BlockThreshold,
-    LowConfidenceTopK,
-    WindowThreshold,
-    accept_cumulative,
-    accept_paper,
-    split_evenly,
-    threshold_select,
-)
-from flash_dllm.engine.verify import chain_visibility
+from flash_dllm.engine.refresh import FlashCachePolicy
+from flash_dllm.engine.sequence import MASK, SequenceState
+from flash_dllm.engine.strategies import BlockThreshold, LowConfidenceTopK, WindowThreshold, split_evenly, threshold_select
+from flash_dllm.engine.verify import accept_cumulative, accept_paper, chain_visibility
 
 
 def state(gen_length: int = 16) -> SequenceState:
@@ -61,9 +52,12 @@ def test_low_confidence_top_k_follows_the_schedule_and_block_order():
     while not s.done:
         cells = rule.candidates(s)
         blocks.append({c // 4 for c in cells})
-        chosen = rule.select(s, cells, [10] * len(cells), [0.1 * (i + 1) for i in range(len(cells))])
+        confidences = [0.1 * (i + 1) for i in range(len(cells))]
+        chosen = rule.select(s, cells, [10] * len(cells), confidences)
+        assert rule.select(s, cells, [10] * len(cells), confidences) == chosen  # select is pure
         s.begin_step()
         s.commit([cells[i] for i in chosen], [10] * len(chosen), [0.5] * len(chosen))
+        rule.end_step(s)
         counts.append(len(chosen))
     assert counts == [2, 2, 2, 2]
     assert blocks == [{0}, {0}, {1}, {1}]
@@ -117,8 +111,7 @@ def test_canvas_tokens_and_done_agree_with_their_per_cell_definitions():
 def test_flash_cache_tracks_the_decoded_positions_the_window_attended_most():
     """note_attention against a plain ranking: per sequence (slots in any order), eligible = prompt positions
     and committed cells; the `track` highest attention masses, highest first; masked cells never."""
-    settings = GenerationSettings(method="flash-cache", gen_length=12, track=5)
-    planner = FlashCachePlanner(settings, shift=False)
+    planner = FlashCachePolicy(lookahead=4, track=5, shift=False)
     rng = random.Random(3)
     states = []
     for slot in (2, 0):
@@ -128,10 +121,10 @@ def test_flash_cache_tracks_the_decoded_positions_the_window_attended_most():
         states.append(s)
     slot_len = 16
     gen = torch.Generator().manual_seed(0)
-    scores = torch.rand(3 * slot_len, generator=gen)
-    planner.note_attention(scores, states, slot_len)
+    scores = torch.rand(3, slot_len, generator=gen)
+    planner.note_attention(scores, states)
     for s in states:
-        row = scores[s.index * slot_len: (s.index + 1) * slot_len].tolist()
+        row = scores[s.index].tolist()
         eligible = list(range(s.prompt_len)) + [s.prompt_len + c for c in range(12) if s.answer[c] != MASK]
         expected = sorted(eligible, key=lambda p: -row[p])[:5]
         assert planner.most_attended[s.index] == expected

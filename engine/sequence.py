@@ -1,7 +1,8 @@
-"""Host-side state of each sequence's answer canvas: the single source of truth the decode loops read.
+"""One sequence's answer canvas as plain Python lists: the state of the host reference decoder.
 
-A cell is masked, committed (final token) or padding (after the answer's end token). Commits arrive once per
-step from the device (one synchronisation per step, which the streaming UI needs anyway).
+A cell is masked, committed (final token) or padding (after the answer's end token). The production decoder
+keeps the same state as device tensors (engine/device_canvas.py) with the same commit semantics; this one is
+the readable reference it is tested against.
 """
 from __future__ import annotations
 
@@ -82,10 +83,11 @@ class SequenceState:
 
     def commit(self, cells: list[int], tokens: list[int], confidences: list[float]) -> int | None:
         """Fix tokens into cells. Returns the new end cell when this commit ended the answer, else None."""
-        new_end = None
+        new_end, fixed = None, []
         for cell, token, conf in zip(cells, tokens, confidences):
             if self.answer[cell] != MASK or self.is_padding(cell):
                 continue
+            fixed.append(cell)
             self.answer[cell] = int(token)
             self.confidence[cell] = float(conf)
             self.commit_step[cell] = self.steps
@@ -94,7 +96,7 @@ class SequenceState:
         if new_end is not None:  # tokens committed after the end are dropped: they are padding now
             for cell in range(new_end + 1, self.gen_length):
                 self.answer[cell] = self.eos_id
-        self.newly_committed = [c for c in self.newly_committed + list(cells) if not self.is_padding(c)]
+        self.newly_committed = [c for c in self.newly_committed + fixed if not self.is_padding(c)]
         return new_end
 
     def begin_step(self) -> None:

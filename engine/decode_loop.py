@@ -1,0 +1,225 @@
+"""The decode loop: one device-resident step per iteration, replayed as a CUDA graph, read by the host later.
+
+A DecodeSession holds everything a shape of decode call needs on the device (canvas, KV cache, the method's
+state, record buffers, the captured step), allocated once and refilled in place by `load`, so the graph
+captured for one call serves the next call of the same shape (a chat's next turn).
+
+Each step is pure device work (engine/device_plan.py, device_verify.py): plan, forward, predict, commit,
+verify, record. Steady steps all have the same shapes (every slot gets the method's query budget), so on
+CUDA the third one is captured and every later one is a graph replay. Steps that recompute whole sequences
+(the first step; fast-dllm's block starts) run eagerly, cut into forwards of bounded size. The host launches
+step k + 1 before it reads step k's record (lag 1), except where the next step's layout depends on the
+data (fast-dllm: does a block start?), where it waits for record k first; either way it never waits inside a
+step. A sequence that finished decodes nothing in the extra step that was already on its way.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from flash_dllm.engine.device_canvas import DeviceCanvas
+from flash_dllm.engine.device_plan import DeviceMethod
+from flash_dllm.engine.device_verify import VerifyLayout, accepted_counts, pick_candidates
+from flash_dllm.engine.model import DiffusionLM, forward_cached, lm_logits
+from flash_dllm.engine.packing import KVCache, Layout, Packer, QueryPlan, groups_for
+from flash_dllm.engine.sampling import DRAFT_PASS, VERIFY_PASS, Predictions, noise_keys, predict
+from flash_dllm.engine.step_records import HostRecord, StepRecords, step_events
+
+MAX_ROWS = 8192  # query rows per forward of an eager whole-sequence step (bounds its activation memory)
+EAGER_BEFORE_CAPTURE = 2  # steady steps run eagerly first: Triton compiles and tunes its kernels there
+
+
+@dataclass(frozen=True)
+class VerifySpec:
+    cap: int  # candidates per step
+    rule: str  # "paper" | "cumulative"
+
+
+@dataclass
+class RunOutcome:
+    steps: int
+    graph_replays: int
+    capture_s: float  # time spent capturing the steady step (0 when reused or eager)
+
+
+class DecodeSession:
+    def __init__(self, model: DiffusionLM, backend: str, method: DeviceMethod, canvas: DeviceCanvas,
+                 verify: VerifySpec | None, sampling: bool, cfg_scale: float = 0.0, graphs: bool = True):
+        self.model, self.backend, self.method, self.canvas = model, backend, method, canvas
+        self.sampling, self.cfg_scale = sampling, cfg_scale
+        shift = model.config.shift_logits
+        self.verify = verify
+        verify_rows = method.readout + (3 if shift else 2) * verify.cap if verify else 0
+        self.cache = KVCache(model, canvas.n_slots, canvas.slot_len, scratch_per_slot=verify_rows)
+        self.packer = Packer(self.cache, canvas, shift)
+        self.verify_layout = VerifyLayout(self.packer, method.readout, verify.cap, shift) if verify else None
+        self.records = StepRecords(canvas, method.readout, verify.cap if verify else 0)
+        self.steady = Layout.uniform(canvas.n_slots, method.steady_rows)
+        cuda = canvas.answer.device.type == "cuda"
+        self.graphs = graphs and cuda and backend == "triton"
+        self.stream = torch.cuda.Stream(canvas.answer.device) if cuda else None
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.eager_steady = 0
+        self.status_driven = method.layout_follows_data
+        # How many steps ahead of its reads the host runs: 1 on CUDA (the GPU runs step k + 1 while the host
+        # turns record k into events); 0 on the CPU, where a step is done when its call returns. Tests raise it
+        # on the CPU to run the pipelined path. A method whose layout follows the data always reads at once.
+        self.lag = 1 if cuda else 0
+
+    # ---- one step, device work only ----------------------------------------------------------------------
+    def step(self, layouts: list[Layout]) -> None:
+        canvas, method = self.canvas, self.method
+        was_active = canvas.active.clone()
+        plan = method.plan(canvas)
+        if plan.scored is not None:
+            self.cache.scores.zero_()
+        preds = self._draft(plan, layouts)
+        if plan.scored is not None:
+            method.note_attention(canvas, self.cache.slot_scores())
+        chosen = method.select(canvas, plan, preds)
+        canvas.forward_passes += was_active.long() * method.forwards_per_step
+        canvas.begin_step()
+        committed = canvas.commit(plan.cells, preds.tokens, preds.confidences, chosen)
+        verified = self._verify(plan, preds, committed) if self.verify else {}
+        method.end_step(canvas)
+        canvas.finish_step()
+        self.records.write(canvas, plan.cells, was_active, method.full_next(canvas), **verified)
+
+    def _keys_and_temperature(self, slots: torch.Tensor | None, cells: torch.Tensor, pass_id: int):
+        if not self.sampling:
+            return None, None
+        canvas = self.canvas
+        seed, steps, temp = canvas.seed, canvas.steps, canvas.temperature
+        if slots is not None:
+            seed, steps, temp = seed[slots], steps[slots], temp[slots]
+        keys = noise_keys(seed[:, None], steps[:, None], pass_id, cells).reshape(-1)
+        return keys, temp[:, None].expand_as(cells).reshape(-1)
+
+    def _logits(self, plan: QueryPlan, layout: Layout, mask_prompt: bool = False) -> torch.Tensor:
+        step = self.packer.pack(plan, layout, mask_prompt)
+        score_out = self.cache.scores if plan.scored is not None else None
+        hidden = forward_cached(self.model, self.cache.k, self.cache.v, step, self.backend, score_out)
+        return lm_logits(self.model, hidden)
+
+    def _draft(self, plan: QueryPlan, layouts: list[Layout]) -> Predictions:
+        """Predictions [S, R] at the plan's candidate cells, from one forward per layout."""
+        shape = plan.cells.shape
+        tokens = torch.zeros(shape, dtype=torch.int64, device=plan.cells.device)
+        confidences = torch.zeros(shape, dtype=torch.float64, device=plan.cells.device)
+        for layout in layouts:
+            lt = self.packer.tensors(layout)
+            logits = self._logits(plan, layout)
+            if self.cfg_scale > 0:  # LLaDA's classifier-free guidance: un + (scale + 1) * (cond - un)
+                uncond = self._logits(plan, layout, mask_prompt=True)
+                logits = uncond + (self.cfg_scale + 1.0) * (logits - uncond)
+            slots = None if lt.all_slots else lt.index
+            cells = plan.cells if slots is None else plan.cells[slots]
+            keys, temperature = self._keys_and_temperature(slots, cells, DRAFT_PASS)
+            p = predict(logits, temperature, keys)
+            if slots is None:
+                tokens, confidences = p.tokens.view(shape), p.confidences.view(shape)
+            else:
+                tokens.index_copy_(0, slots, p.tokens.view(len(layout.slots), -1))
+                confidences.index_copy_(0, slots, p.confidences.view(len(layout.slots), -1))
+        return Predictions(tokens=tokens, confidences=confidences)
+
+    def _verify(self, plan: QueryPlan, preds: Predictions, committed: torch.Tensor) -> dict:
+        """Flash-Verify's pass after the draft commit: draft the window's remaining cells, verify them under the
+        chain mask, commit the accepted prefix."""
+        canvas, cache = self.canvas, self.cache
+        batch = pick_candidates(canvas, plan.cells, preds.tokens, preds.confidences, self.verify.cap)
+        step, hidden_rows = self.verify_layout.pack(batch)
+        hidden = forward_cached(self.model, cache.k, cache.v, step, self.backend, None)
+        cache.keep.index_fill_(0, hidden_rows, 1)
+        keys, temperature = self._keys_and_temperature(None, batch.cells, VERIFY_PASS)
+        p = predict(lm_logits(self.model, hidden), temperature, keys, given_tokens=batch.drafts.reshape(-1))
+        accepted = accepted_counts(batch, p, canvas.gamma, self.verify.rule)
+        chosen = torch.arange(batch.cells.shape[1], device=accepted.device)[None, :] < accepted[:, None]
+        canvas.commit(batch.cells, batch.drafts, p.probs_of_given.view(batch.cells.shape), chosen,
+                      rank_base=committed)
+        n_candidates = (batch.cells >= 0).sum(1)
+        ran = ((n_candidates > 0) & canvas.active).long()
+        canvas.forward_passes += ran
+        canvas.verify_passes += ran
+        canvas.accepted += accepted * ran
+        canvas.rejected += (n_candidates - accepted) * ran
+        return dict(verify_cells=batch.cells, verify_drafts=batch.drafts, accepted=accepted * ran)
+
+    # ---- the loop ------------------------------------------------------------------------------------------
+    def _layouts(self, full: torch.Tensor) -> list[Layout]:
+        if not bool(full.any()):
+            return [self.steady]
+        total = (self.canvas.prompt_len + self.canvas.gen_len).tolist()
+        budgets = [max(t, 1) if f else self.method.steady_rows for t, f in zip(total, full.tolist())]
+        return groups_for(budgets, MAX_ROWS)
+
+    def _launch(self, layouts: list[Layout]) -> bool:
+        """Run one step; True when it was a graph replay."""
+        if not (self.graphs and layouts == [self.steady]):
+            self.step(layouts)
+            return False
+        if self.graph is None and self.eager_steady < EAGER_BEFORE_CAPTURE:
+            self.eager_steady += 1
+            self.step(layouts)
+            return False
+        if self.graph is None:
+            started = time.perf_counter()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, stream=self.stream):
+                self.step(layouts)
+            self.capture_s = time.perf_counter() - started
+        self.graph.replay()
+        return True
+
+    def run(self, emit, piece, cancel: threading.Event | None, started: float) -> RunOutcome:
+        """Decode the loaded sequences to the end (or until cancelled), emitting StepEvents."""
+        self.capture_s = 0.0
+        context = torch.cuda.stream(self.stream) if self.stream is not None else _nullcontext()
+        with context:
+            return self._run(emit, piece, cancel, started)
+
+    def _run(self, emit, piece, cancel, started) -> RunOutcome:
+        canvas, records = self.canvas, self.records
+        previous = HostRecord.initial(canvas, self.method.readout, self.verify.cap if self.verify else 0)
+        full = canvas.active.cpu()  # every sequence's first step reads its whole prompt
+        pending: list[int] = []
+        k, replays, stopping = 0, 0, False
+        last_event = None
+        while True:
+            if cancel is not None and cancel.is_set() and not stopping:
+                canvas.active.zero_()  # queued behind the steps in flight: they finish, later ones do nothing
+                stopping = True
+            host_started = time.perf_counter()
+            replays += self._launch(self._layouts(full))
+            records.copy_out(k)
+            pending.append(k)
+            keep = 0 if self.status_driven else self.lag
+            while len(pending) > keep:
+                j = pending.pop(0)
+                record = records.read(j, last_event)
+                if record.gpu_ms is None:
+                    record.gpu_ms = (time.perf_counter() - host_started) * 1000.0
+                last_event = records.event(j) if records.cuda else None
+                for event in step_events(previous, record, piece, started):
+                    emit(event)
+                previous = record
+            if not bool(previous.active.any()):
+                break
+            full = previous.full_next & previous.active if self.status_driven else torch.zeros_like(full)
+            k += 1
+        for j in pending:  # steps already launched after the last sequence finished: they commit nothing
+            records.read(j)
+        if self.stream is not None:
+            self.stream.synchronize()
+        return RunOutcome(steps=k + 1, graph_replays=replays, capture_s=self.capture_s)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,170 @@
+"""The answer canvases of a decode call as device tensors: what the device step plans from and commits into.
+
+One row per slot (sequence). Per cell: its token (-1 while masked; the end token, then EOS padding after the
+answer's end) and the confidence it was committed with; per position: the model input id. Everything is
+updated with tensor operations in place, so a step that reads and writes the canvas can be captured once and
+replayed as a CUDA graph, and the host never has to wait for it (it reads copies of the canvas a step later).
+
+The semantics are those of the host reference, engine/sequence.py (SequenceState.commit): a commit fixes
+tokens into masked cells before the answer's end; the first committed end token (EOS or end of turn) ends
+the answer and every later cell becomes padding; tokens committed after that end are dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NOT_NEW = 1 << 40  # newly_rank of a cell not committed by the previous step
+
+
+@dataclass
+class DeviceCanvas:
+    tokens: torch.Tensor  # [S, L + 1] int64 model input ids; column L is a dump for out-of-range writes
+    answer: torch.Tensor  # [S, G] int64: -1 masked, else the token (EOS for padding after the end)
+    confidence: torch.Tensor  # [S, G] float64 confidence each cell was committed with
+    prompt_len: torch.Tensor  # [S] int64
+    gen_len: torch.Tensor  # [S] int64 (cells at or past it are not part of the answer)
+    end: torch.Tensor  # [S] int64 cell of the committed end token; gen_len while there is none
+    newly_rank: torch.Tensor  # [S, G] int64 order in which the previous step committed a cell, else NOT_NEW
+    seed: torch.Tensor  # [S] int64 sampling seed
+    steps: torch.Tensor  # [S] int64 steps this sequence took part in
+    forward_passes: torch.Tensor  # [S] int64 (draft and verify passes)
+    verify_passes: torch.Tensor  # [S] int64
+    accepted: torch.Tensor  # [S] int64 drafts accepted by Flash-Verify
+    rejected: torch.Tensor  # [S] int64
+    active: torch.Tensor  # [S] bool: still decoding (not done, not cancelled)
+    threshold: torch.Tensor  # [S] float64 commit threshold (fast-dllm, flash-cache)
+    gamma: torch.Tensor  # [S] float64 Flash-Verify acceptance threshold
+    temperature: torch.Tensor  # [S] float64 sampling temperature (used when the call samples)
+    end_ids: torch.Tensor  # [E] int64 tokens that end the answer
+    mask_id: int
+    eos_id: int
+
+    @classmethod
+    def allocate(cls, n_slots: int, slot_len: int, width: int, mask_id: int, eos_id: int, end_ids,
+                 device) -> "DeviceCanvas":
+        """Buffers for n_slots sequences of at most slot_len positions and width answer cells, all inactive.
+        `load` fills them in place, so a step captured as a CUDA graph can be replayed for every call."""
+        def ints(*shape, fill=0):
+            return torch.full(shape, fill, dtype=torch.int64, device=device)
+
+        def floats(*shape):
+            return torch.zeros(shape, dtype=torch.float64, device=device)
+
+        return cls(
+            tokens=ints(n_slots, slot_len + 1, fill=eos_id), answer=ints(n_slots, width, fill=eos_id),
+            confidence=torch.zeros((n_slots, width), dtype=torch.float64, device=device),
+            prompt_len=ints(n_slots), gen_len=ints(n_slots), end=ints(n_slots), newly_rank=ints(n_slots, width, fill=NOT_NEW),
+            seed=ints(n_slots), steps=ints(n_slots), forward_passes=ints(n_slots), verify_passes=ints(n_slots),
+            accepted=ints(n_slots), rejected=ints(n_slots), active=torch.zeros(n_slots, dtype=torch.bool, device=device),
+            threshold=floats(n_slots), gamma=floats(n_slots), temperature=floats(n_slots),
+            end_ids=torch.tensor(sorted(end_ids), dtype=torch.int64, device=device), mask_id=mask_id, eos_id=eos_id)
+
+    def load(self, prompts: list[list[int]], gen_lengths: list[int], seeds: list[int], threshold: float = 0.9,
+             gamma: float = 0.8, temperature: float = 0.0) -> None:
+        """Start a sequence in each of the first len(prompts) slots (the others stay inactive), in place."""
+        n, L, width = self.n_slots, self.slot_len, self.width
+        tokens = torch.full((n, L + 1), self.eos_id, dtype=torch.int64)
+        answer = torch.full((n, width), self.eos_id, dtype=torch.int64)
+        prompt_len, gen_len = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
+        for row, (prompt, gen) in enumerate(zip(prompts, gen_lengths)):
+            if len(prompt) + gen > L or gen > width:
+                raise ValueError(f"sequence {row} ({len(prompt)} + {gen} tokens) does not fit a slot of {L}")
+            tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
+            tokens[row, len(prompt): len(prompt) + gen] = self.mask_id
+            answer[row, :gen] = -1
+            prompt_len[row], gen_len[row] = len(prompt), gen
+        live = torch.arange(n) < len(prompts)
+        seeds = torch.tensor([s & 0xFFFFFFFF for s in seeds] + [0] * (n - len(prompts)), dtype=torch.int64)
+        for buffer, value in ((self.tokens, tokens), (self.answer, answer), (self.prompt_len, prompt_len),
+                              (self.gen_len, gen_len), (self.end, gen_len), (self.seed, seeds), (self.active, live)):
+            buffer.copy_(value)
+        for buffer in (self.steps, self.forward_passes, self.verify_passes, self.accepted, self.rejected):
+            buffer.zero_()
+        self.confidence.zero_()
+        self.newly_rank.fill_(NOT_NEW)
+        self.threshold.fill_(threshold)
+        self.gamma.fill_(gamma)
+        self.temperature.fill_(temperature)
+
+    @property
+    def n_slots(self) -> int:
+        return self.answer.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.answer.shape[1]
+
+    @property
+    def slot_len(self) -> int:
+        return self.tokens.shape[1] - 1
+
+    def cells(self) -> torch.Tensor:
+        return torch.arange(self.width, device=self.answer.device)[None, :]
+
+    def limit(self) -> torch.Tensor:
+        """[S] cells at or past this index are padding or outside the answer."""
+        return torch.minimum(self.end + 1, self.gen_len)
+
+    def masked(self) -> torch.Tensor:
+        """[S, G] cells still to decode (masked and before the answer's end)."""
+        return (self.answer < 0) & (self.cells() < self.limit()[:, None])
+
+    def total_len(self) -> torch.Tensor:
+        return self.prompt_len + self.gen_len
+
+    def begin_step(self) -> None:
+        """A new step's commits start a new 'committed by the previous step' set."""
+        self.newly_rank.fill_(NOT_NEW)
+
+    def commit(self, cells: torch.Tensor, tokens: torch.Tensor, confidences: torch.Tensor, chosen: torch.Tensor,
+               rank_base: torch.Tensor | int = 0) -> torch.Tensor:
+        """Commit tokens[s, j] into cells[s, j] where chosen[s, j] (cells -1 = no cell), in list order j.
+
+        Like the reference's loop: a cell that is not masked or lies past the answer's end is skipped; the first
+        end token ends the answer (an earlier end cell wins) and every cell after it becomes padding. Returns
+        [S] how many cells each row committed (the next commit's rank_base, so newly_rank keeps commit order).
+        """
+        width = self.width
+        if cells.shape[1] == 0:
+            return torch.zeros_like(self.end)
+        ok = chosen & (cells >= 0) & self.active[:, None]
+        at = cells.clamp(0, width - 1)
+        ok &= self.masked().gather(1, at)
+        is_end = (tokens[..., None] == self.end_ids).any(-1) & ok
+        first_end = torch.where(is_end, at, width).amin(1)
+        old_end = self.end.clone()
+        self.end.copy_(torch.minimum(self.end, first_end))  # in place: a replayed graph reads these buffers
+        ok &= at <= self.end[:, None]
+        dump = torch.full_like(at, width)  # column `width` of a widened copy: writes that must not land
+        target = torch.where(ok, at, dump)
+        order = torch.cumsum(ok.long(), 1) - 1 + torch.as_tensor(rank_base, device=cells.device).reshape(-1, 1)
+        _scatter_cols(self.answer, target, tokens)
+        _scatter_cols(self.confidence, target, confidences)
+        _scatter_cols(self.newly_rank, target, order)
+        ended = self.end < old_end
+        past_end = (self.cells() > self.end[:, None]) & (self.cells() < self.gen_len[:, None]) & ended[:, None]
+        self.answer.masked_fill_(past_end, self.eos_id)
+        self.newly_rank.masked_fill_(self.cells() > self.end[:, None], NOT_NEW)
+        self._write_tokens()
+        return ok.sum(1)
+
+    def _write_tokens(self) -> None:
+        """Model input ids of the answer region from `answer` (mask id while masked)."""
+        values = torch.where(self.answer < 0, self.mask_id, self.answer)
+        positions = self.prompt_len[:, None] + self.cells()
+        positions = torch.where(self.cells() < self.gen_len[:, None], positions, self.slot_len)
+        self.tokens.scatter_(1, positions, values)
+
+    def finish_step(self) -> None:
+        """Count the step for the sequences that took part and retire the ones with nothing left to decode."""
+        self.steps += self.active.long()
+        self.active &= self.masked().any(1)
+
+
+def _scatter_cols(base: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
+    """In place: base[s, index[s, j]] = values[s, j]; index == base.shape[1] drops the write."""
+    wide = torch.cat([base, base[:, :1]], dim=1)
+    wide.scatter_(1, index, values.to(base.dtype))
+    base.copy_(wide[:, :-1])

@@ -1,0 +1,246 @@
+"""The decoding methods on the device: what each step recomputes and what it commits, as tensor operations.
+
+Each method mirrors its host reference (engine/refresh.py for which positions a step recomputes,
+engine/strategies.py for what it commits) decision for decision, so the two give the same tokens; here
+everything is computed for all slots at once with shapes fixed by the method's budgets, nothing waits for
+the host, and a step can be captured once and replayed as a CUDA graph.
+
+Per step, in this order (engine/decode_loop.py owns the loop):
+    plan(canvas) -> QueryPlan         reads the canvas and what the previous step left (commits, attention)
+    forward, predictions at plan.cells
+    note_attention(canvas, scores)    Flash-Cache only: rank decoded positions by this step's attention mass
+    select(canvas, plan, preds)       pure: [S, R] bool, which candidate cells to commit
+    (the loop commits; a verifier, if any, drafts and verifies)
+    end_step(canvas)                  advance per-sequence schedules after the step's commits
+`full_next(canvas)` says which slots' next step recomputes every position; the host reads it to lay out
+that step (only fast-dllm's depends on the data: a block ends when its last mask is committed).
+"""
+from __future__ import annotations
+
+import torch
+
+from flash_dllm.engine.device_canvas import NOT_NEW, DeviceCanvas
+from flash_dllm.engine.packing import QueryPlan
+from flash_dllm.engine.sampling import Predictions
+
+_FAR = 1 << 50  # priority of a position that is never tracked
+
+
+def first_cells(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """[S, count] the first `count` cells where mask is True, ascending, -1 where there are fewer."""
+    rank = torch.cumsum(mask.long(), 1) - 1
+    target = torch.where(mask & (rank < count), rank, count)
+    out = torch.full((mask.shape[0], count + 1), -1, dtype=torch.int64, device=mask.device)
+    out.scatter_(1, target, torch.arange(mask.shape[1], device=mask.device).expand_as(target))
+    return out[:, :count]
+
+
+def mark(positions: torch.Tensor, width: int) -> torch.Tensor:
+    """[S, width] bool with True at every valid (>= 0, < width) entry of positions [S, K]."""
+    out = torch.zeros((positions.shape[0], width + 1), dtype=torch.bool, device=positions.device)
+    ok = (positions >= 0) & (positions < width)
+    out.scatter_(1, torch.where(ok, positions, width), ok)
+    return out[:, :width]
+
+
+def threshold_select(cells: torch.Tensor, confidences: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """Every candidate at or above its row's threshold, and at least the most confident one (the first on ties)."""
+    valid = cells >= 0
+    chosen = valid & (confidences >= threshold[:, None])
+    best = torch.where(valid, confidences, -1.0).argmax(1, keepdim=True)
+    fallback = (valid.any(1) & ~chosen.any(1))[:, None]
+    return chosen | (torch.zeros_like(chosen).scatter_(1, best, fallback))
+
+
+def top_k_select(cells: torch.Tensor, confidences: torch.Tensor, quota: torch.Tensor) -> torch.Tensor:
+    """The quota[s] most confident candidates of each row (ties: the earlier one)."""
+    valid = cells >= 0
+    key = torch.where(valid, -confidences, float("inf"))
+    order = torch.sort(key, dim=1, stable=True).indices
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    return valid & (rank < quota[:, None])
+
+
+class DeviceMethod:
+    steady_rows: int = 0  # query rows per slot of a steady step
+    readout: int = 0  # candidate cells per slot (R)
+    forwards_per_step: int = 1
+    tracks_attention: bool = False
+    layout_follows_data: bool = False  # the host must read a step's record before laying out the next one
+
+    def reset(self, canvas: DeviceCanvas) -> None:
+        """Forget the previous call's per-sequence state (after canvas.load)."""
+
+    def full_next(self, canvas: DeviceCanvas) -> torch.Tensor:
+        return torch.zeros_like(canvas.active)
+
+    def note_attention(self, canvas: DeviceCanvas, scores: torch.Tensor) -> None:
+        pass
+
+    def end_step(self, canvas: DeviceCanvas) -> None:
+        pass
+
+
+class FlashCache(DeviceMethod):
+    """Sliding masked window + look-ahead masks + tracked decoded tokens (engine/refresh.py:FlashCachePolicy)."""
+
+    tracks_attention = True
+
+    def __init__(self, canvas: DeviceCanvas, window: int, lookahead: int, track: int, shift: bool):
+        self.window, self.lookahead, self.track, self.shift = window, lookahead, track, shift
+        L = canvas.slot_len
+        self.steady_rows = L if track < 0 else min(L, window * (2 if shift else 1) + lookahead + track)
+        self.readout = window
+        self.attended = torch.full((canvas.n_slots, max(track, 1)), -1, dtype=torch.int64, device=canvas.tokens.device)
+        self.tracks_attention = track > 0
+
+    def reset(self, canvas: DeviceCanvas) -> None:
+        self.attended.fill_(-1)
+
+    def plan(self, canvas: DeviceCanvas) -> QueryPlan:
+        L, p0 = canvas.slot_len, canvas.prompt_len[:, None]
+        masked = canvas.masked()
+        ahead_and_window = first_cells(masked, self.window + self.lookahead)
+        window = ahead_and_window[:, : self.window]
+        everything = torch.arange(L, device=masked.device)[None, :] < canvas.total_len()[:, None]
+        chosen = mark(torch.where(ahead_and_window >= 0, p0 + ahead_and_window, -1), L)
+        if self.shift:  # Dream reads cell c's logits at position c - 1
+            chosen |= mark(torch.where(window >= 0, p0 + window - 1, -1), L)
+        if self.track > 0:
+            chosen |= self._tracked(canvas, chosen)
+        full = (canvas.steps == 0) | (self.track < 0)
+        in_query = torch.where(full[:, None], everything, chosen)
+        scored = mark(torch.where(window >= 0, p0 + window, -1), L) if self.tracks_attention else None
+        return QueryPlan(in_query=in_query & canvas.active[:, None], cells=window, scored=scored)
+
+    def _tracked(self, canvas: DeviceCanvas, chosen: torch.Tensor) -> torch.Tensor:
+        """The `track` positions of highest priority outside `chosen`: the previous step's commits in commit
+        order, then the decoded positions the window attended to most in the previous step."""
+        S, L = chosen.shape
+        prio = torch.full((S, L + 1), _FAR, dtype=torch.int64, device=chosen.device)
+        ranked = torch.arange(self.attended.shape[1], device=chosen.device).expand_as(self.attended) + NOT_NEW
+        prio.scatter_(1, torch.where(self.attended >= 0, self.attended, L), ranked)
+        new = canvas.newly_rank < NOT_NEW
+        new_pos = torch.where(new, canvas.prompt_len[:, None] + canvas.cells(), L)
+        prio.scatter_(1, new_pos, canvas.newly_rank)
+        prio = prio[:, :L].masked_fill(chosen, _FAR)
+        values, index = torch.topk(prio, min(self.track, L), dim=1, largest=False)
+        return mark(torch.where(values < _FAR, index, -1), L)
+
+    def note_attention(self, canvas: DeviceCanvas, scores: torch.Tensor) -> None:
+        """Rank the decoded positions (prompt, committed cells) by the attention mass the window gave them."""
+        if self.track <= 0:
+            return
+        L = canvas.slot_len
+        position = torch.arange(L, device=scores.device)[None, :]
+        cell = (position - canvas.prompt_len[:, None]).clamp(0, canvas.width - 1)
+        committed = canvas.answer.gather(1, cell) >= 0
+        eligible = (position < canvas.prompt_len[:, None]) | (committed & (position < canvas.total_len()[:, None]))
+        values, index = torch.topk(scores.masked_fill(~eligible, float("-inf")), min(self.track, L), dim=1)
+        kept = torch.where(values != float("-inf"), index, -1)
+        self.attended.copy_(torch.where(canvas.active[:, None], kept, self.attended))
+
+    def select(self, canvas: DeviceCanvas, plan: QueryPlan, preds: Predictions) -> torch.Tensor:
+        return threshold_select(plan.cells, preds.confidences.view(plan.cells.shape), canvas.threshold)
+
+
+class BlockSchedule(DeviceMethod):
+    """Semi-autoregressive blocks (engine/strategies.py:BlockStrategy): the current block is the first one
+    that still has a masked cell; `step_in_block` counts the steps taken in it."""
+
+    def __init__(self, canvas: DeviceCanvas, block_length: int, shift: bool):
+        self.block_length, self.shift = block_length, shift
+        self.readout = block_length
+        n, device = canvas.n_slots, canvas.tokens.device
+        self.n_blocks = canvas.width // block_length
+        self.block = torch.zeros(n, dtype=torch.int64, device=device)
+        self.step_in_block = torch.zeros(n, dtype=torch.int64, device=device)
+        self.block_masks = torch.zeros(n, dtype=torch.int64, device=device)  # masked cells when the block began
+        self.reset(canvas)
+
+    def reset(self, canvas: DeviceCanvas) -> None:
+        self.block.zero_()
+        self._advance(canvas, first=True)
+
+    def block_cells(self, canvas: DeviceCanvas) -> torch.Tensor:
+        start = self.block[:, None] * self.block_length
+        in_block = (canvas.cells() >= start) & (canvas.cells() < start + self.block_length)
+        return first_cells(canvas.masked() & in_block, self.block_length)
+
+    def _advance(self, canvas: DeviceCanvas, first: bool = False) -> None:
+        per_block = canvas.masked()[:, : self.n_blocks * self.block_length].reshape(
+            canvas.n_slots, self.n_blocks, self.block_length)
+        has_mask = per_block.any(-1)
+        blocks = torch.arange(self.n_blocks, device=has_mask.device)[None, :]
+        nxt = torch.where(has_mask & (blocks >= self.block[:, None]), blocks, self.n_blocks).amin(1)
+        moved = (nxt != self.block) & (nxt < self.n_blocks)
+        if first:
+            moved = torch.ones_like(moved)
+        self.block.copy_(torch.where(moved & (nxt < self.n_blocks), nxt, self.block))
+        self.step_in_block.masked_fill_(moved, 0)
+        count = per_block.sum(-1).gather(1, self.block.clamp(max=self.n_blocks - 1)[:, None])[:, 0]
+        self.block_masks.copy_(torch.where(moved, count, self.block_masks))
+
+    def end_step(self, canvas: DeviceCanvas) -> None:
+        self.step_in_block += canvas.active.long()
+        self._advance(canvas)
+
+    def full_next(self, canvas: DeviceCanvas) -> torch.Tensor:
+        return canvas.active & (self.step_in_block == 0)
+
+
+class FastDllm(BlockSchedule):
+    """Fast-dLLM (engine/refresh.py:FastDllmPolicy): everything at a block's first step, then the block only
+    (dual cache) or the block and everything after it (prefix cache); commit by threshold."""
+
+    layout_follows_data = True  # a block's first step recomputes everything; when it comes depends on commits
+
+    def __init__(self, canvas: DeviceCanvas, block_length: int, mode: str, shift: bool):
+        super().__init__(canvas, block_length, shift)
+        self.mode = mode
+        extra = 1 if shift else 0
+        self.steady_rows = min(canvas.slot_len, (block_length if mode == "dual" else canvas.width) + extra)
+
+    def plan(self, canvas: DeviceCanvas) -> QueryPlan:
+        L = canvas.slot_len
+        position = torch.arange(L, device=canvas.tokens.device)[None, :]
+        p0, total = canvas.prompt_len[:, None], canvas.total_len()[:, None]
+        start = self.block[:, None] * self.block_length
+        first = p0 + start - (1 if self.shift else 0)
+        last = torch.minimum(p0 + start + self.block_length, p0 + canvas.gen_len[:, None]) if self.mode == "dual" else total
+        block = (position >= first) & (position < last)
+        everything = position < total
+        in_query = torch.where((self.step_in_block == 0)[:, None], everything, block)
+        return QueryPlan(in_query=in_query & canvas.active[:, None], cells=self.block_cells(canvas))
+
+    def select(self, canvas: DeviceCanvas, plan: QueryPlan, preds: Predictions) -> torch.Tensor:
+        return threshold_select(plan.cells, preds.confidences.view(plan.cells.shape), canvas.threshold)
+
+
+class LladaTopK(BlockSchedule):
+    """LLaDA's published sampler (engine/strategies.py:LowConfidenceTopK): every position recomputed each
+    step; commit the k most confident masks of the block, k from the even split of the block's masks over
+    its steps, the last scheduled step finishing the block."""
+
+    def __init__(self, canvas: DeviceCanvas, block_length: int, steps_per_block: int, cfg_scale: float, shift: bool):
+        super().__init__(canvas, block_length, shift)
+        self.steps_per_block = steps_per_block
+        self.cfg_scale = cfg_scale
+        self.forwards_per_step = 2 if cfg_scale > 0 else 1
+        self.steady_rows = canvas.slot_len
+
+    def full_next(self, canvas: DeviceCanvas) -> torch.Tensor:
+        return torch.zeros_like(canvas.active)  # every step already recomputes every position
+
+    def plan(self, canvas: DeviceCanvas) -> QueryPlan:
+        position = torch.arange(canvas.slot_len, device=canvas.tokens.device)[None, :]
+        in_query = (position < canvas.total_len()[:, None]) & canvas.active[:, None]
+        return QueryPlan(in_query=in_query, cells=self.block_cells(canvas))
+
+    def select(self, canvas: DeviceCanvas, plan: QueryPlan, preds: Predictions) -> torch.Tensor:
+        base, extra = self.block_masks // self.steps_per_block, self.block_masks % self.steps_per_block
+        quota = base + (self.step_in_block < extra).long()
+        n_cells = (plan.cells >= 0).sum(1)
+        quota = torch.where(self.step_in_block >= self.steps_per_block - 1, n_cells, quota)
+        quota = torch.maximum(quota, (n_cells > 0).long())
+        return top_k_select(plan.cells, preds.confidences.view(plan.cells.shape), quota)

@@ -1,0 +1,80 @@
+"""The decoding methods, in one registry that everything reads (settings validation, --help, the engine, the
+benchmark, the evaluator).
+
+A method is put together from three parts, each with its own documented call order:
+  * a commit rule (engine/strategies.py on the host, `select` in engine/device_plan.py on the device);
+  * a refresh policy: which positions a step recomputes (engine/refresh.py; `plan` on the device);
+  * optionally a verifier: Flash-Verify's draft-and-verify pass after the commit (engine/verify.py,
+    engine/device_verify.py), which the loop calls when the method has one.
+`build_device` gives the production decoder's method (tensor operations, CUDA-graph friendly) and
+`build_reference` the host reference it is tested against. Importing this module imports no torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    description: str
+    build_device: Callable  # (settings, canvas, shift) -> device_plan.DeviceMethod
+    build_reference: Callable  # (settings, shift) -> (strategies.Strategy, refresh.RefreshPolicy)
+    verify: bool = False  # Flash-Verify's pass follows each step's commit
+
+
+def _llada_device(s, canvas, shift):
+    from flash_dllm.engine.device_plan import LladaTopK
+
+    return LladaTopK(canvas, s.block_length, s.total_steps // s.n_blocks, s.cfg_scale, shift)
+
+
+def _llada_reference(s, shift):
+    from flash_dllm.engine.refresh import Everything
+    from flash_dllm.engine.strategies import LowConfidenceTopK
+
+    return LowConfidenceTopK(s.block_length, s.total_steps // s.n_blocks), Everything()
+
+
+def _fast_dllm_device(s, canvas, shift):
+    from flash_dllm.engine.device_plan import FastDllm
+
+    return FastDllm(canvas, s.block_length, s.cache_mode, shift)
+
+
+def _fast_dllm_reference(s, shift):
+    from flash_dllm.engine.refresh import FastDllmPolicy
+    from flash_dllm.engine.strategies import BlockThreshold
+
+    strategy = BlockThreshold(s.block_length, s.threshold)
+    return strategy, FastDllmPolicy(strategy, s.cache_mode, shift)
+
+
+def _flash_cache_device(s, canvas, shift):
+    from flash_dllm.engine.device_plan import FlashCache
+
+    return FlashCache(canvas, s.window, s.lookahead, s.track, shift)
+
+
+def _flash_cache_reference(s, shift):
+    from flash_dllm.engine.refresh import FlashCachePolicy
+    from flash_dllm.engine.strategies import WindowThreshold
+
+    return WindowThreshold(s.window, s.threshold), FlashCachePolicy(s.lookahead, s.track, shift)
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("llada", "LLaDA reference: full forward every step, semi-autoregressive blocks, top-k low-confidence "
+                    "remasking", _llada_device, _llada_reference),
+    Method("fast-dllm", "Fast-dLLM: block KV cache (dual or prefix) with confidence-threshold parallel decoding",
+           _fast_dllm_device, _fast_dllm_reference),
+    Method("flash-cache", "Flash-Cache: sliding masked window, look-ahead masks and attention-tracked tokens; the "
+                          "rest from cache", _flash_cache_device, _flash_cache_reference),
+    Method("flash-verify", "Flash-Cache + Flash-Verify: the model drafts low-confidence tokens and verifies them "
+                           "itself", _flash_cache_device, _flash_cache_reference, verify=True),
+)}
+
+
+def descriptions() -> dict[str, str]:
+    return {name: method.description for name, method in METHODS.items()}

@@ -1,0 +1,185 @@
+"""The KV cache of a decode call, and the packing of a step's queries into one ragged forward.
+
+Cache layout (per layer, token-major): row = slot * slot_len + position, K stored after RoPE. Behind the slots
+sit each slot's scratch rows (Flash-Verify's verify pass writes its own K/V there, never into the cache proper)
+and one trash row that padding query rows write to.
+
+A forward covers some slots; slot i of it owns packed query rows [offset_i, offset_i + budget_i) (its *layout*,
+known on the host). What the rows hold is decided on the device: a QueryPlan marks the positions each slot
+recomputes, and `pack` writes them in ascending order into the slot's rows; rows past a slot's count are
+padding (they read position 0 and write the trash row, and no valid row ever sees them). Every tensor `pack`
+builds has a shape fixed by the layout, so the same step can be replayed as a CUDA graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flash_dllm.engine.device_canvas import DeviceCanvas
+from flash_dllm.engine.model import CachedStep, DiffusionLM
+from flash_dllm.kernels.scheduled_attention import AttentionPlan
+
+ATTENTION_BLOCK_M = 64  # query rows per attention tile
+
+
+class KVCache:
+    def __init__(self, model: DiffusionLM, n_slots: int, slot_len: int, scratch_per_slot: int = 0):
+        cfg = model.config
+        self.n_slots, self.slot_len = n_slots, slot_len
+        self.scratch_base = n_slots * slot_len
+        self.scratch_per_slot = scratch_per_slot
+        self.trash_row = self.scratch_base + n_slots * scratch_per_slot
+        rows = self.trash_row + 1
+        width = cfg.n_kv_heads * cfg.head_dim
+        shape = (cfg.n_layers, rows, width)
+        self.k = torch.zeros(shape, dtype=model.dtype, device=model.device)
+        self.v = torch.zeros(shape, dtype=model.dtype, device=model.device)
+        self.scores = torch.zeros(rows, dtype=torch.float32, device=model.device)
+        self.keep = torch.ones(rows, dtype=torch.int8, device=model.device)
+
+    def slot_scores(self) -> torch.Tensor:
+        """[S, L] attention mass per slot position (a view of `scores`)."""
+        return self.scores[: self.scratch_base].view(self.n_slots, self.slot_len)
+
+
+@dataclass
+class QueryPlan:
+    """What one forward of a step computes, per slot (device tensors)."""
+
+    in_query: torch.Tensor  # [S, L] bool: positions recomputed (their K/V rewritten in the cache)
+    cells: torch.Tensor  # [S, R] int64 candidate cells in the method's order, -1 for none: logits are read there
+    scored: torch.Tensor | None = None  # [S, L] bool: rows whose attention mass is accumulated (Flash-Cache)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Host-side geometry of one forward: which slots, and each one's packed query rows."""
+
+    slots: tuple[int, ...]
+    budgets: tuple[int, ...]
+
+    @property
+    def offsets(self) -> list[int]:
+        out, acc = [], 0
+        for budget in self.budgets:
+            out.append(acc)
+            acc += budget
+        return out
+
+    @property
+    def rows(self) -> int:
+        return sum(self.budgets)
+
+    @classmethod
+    def uniform(cls, n_slots: int, budget: int) -> "Layout":
+        return cls(tuple(range(n_slots)), (budget,) * n_slots)
+
+
+def groups_for(budgets: list[int], max_rows: int) -> list[Layout]:
+    """Cut slots into forwards of at most max_rows packed rows (a slot larger than that gets its own)."""
+    groups, slots, sizes = [], [], []
+    for slot, budget in enumerate(budgets):
+        if slots and sum(sizes) + budget > max_rows:
+            groups.append(Layout(tuple(slots), tuple(sizes)))
+            slots, sizes = [], []
+        slots.append(slot)
+        sizes.append(budget)
+    if slots:
+        groups.append(Layout(tuple(slots), tuple(sizes)))
+    return groups
+
+
+@dataclass
+class LayoutTensors:
+    """A layout's constant device tensors, built once (never inside a CUDA-graph capture)."""
+
+    index: torch.Tensor  # [n] slots
+    offsets: torch.Tensor  # [n, 1]
+    budgets: torch.Tensor  # [n, 1]
+    q_start: torch.Tensor  # [n] int32
+    tile_seq: torch.Tensor  # [T] int32
+    tile_q0: torch.Tensor  # [T] int32
+    all_slots: bool
+
+
+def layout_tensors(layout: Layout, n_slots: int, device) -> LayoutTensors:
+    tile_seq, tile_q0 = [], []
+    for i, (offset, budget) in enumerate(zip(layout.offsets, layout.budgets)):
+        for t0 in range(0, budget, ATTENTION_BLOCK_M):
+            tile_seq.append(i)
+            tile_q0.append(offset + t0)
+    i32 = dict(dtype=torch.int32, device=device)
+    return LayoutTensors(
+        index=torch.tensor(layout.slots, device=device),
+        offsets=torch.tensor(layout.offsets, device=device)[:, None],
+        budgets=torch.tensor(layout.budgets, device=device)[:, None],
+        q_start=torch.tensor(layout.offsets, **i32), tile_seq=torch.tensor(tile_seq, **i32),
+        tile_q0=torch.tensor(tile_q0, **i32), all_slots=layout.slots == tuple(range(n_slots)))
+
+
+def attention_plan(lt: LayoutTensors, q_len: torch.Tensor, kv_start: torch.Tensor, kv_len: torch.Tensor,
+                   max_kv_len: int, kv_keep=None, inq_start=None, inq_mask=None, score_query=None) -> AttentionPlan:
+    """The scheduled-attention plan of a layout: its fixed tile table, per-slot lengths as device tensors."""
+    plan = AttentionPlan(
+        q_start=lt.q_start, q_len=q_len.to(torch.int32), kv_start=kv_start.to(torch.int32),
+        kv_len=kv_len.to(torch.int32), tile_seq=lt.tile_seq, tile_q0=lt.tile_q0, block_m=ATTENTION_BLOCK_M,
+        max_kv_len=max_kv_len, host_q_len=None, host_kv_len=None, host_q_start=None, host_kv_start=None,
+        kv_keep=kv_keep, inq_start=inq_start.to(torch.int32) if inq_start is not None else None, inq_mask=inq_mask,
+        host_inq_start=None, score_query=score_query)
+    if q_len.device.type == "cpu":  # the torch reference walks sequences with host lists (free on the CPU)
+        plan.host_q_len, plan.host_kv_len = plan.q_len.tolist(), plan.kv_len.tolist()
+        plan.host_q_start, plan.host_kv_start = plan.q_start.tolist(), plan.kv_start.tolist()
+        plan.host_inq_start = plan.inq_start.tolist() if inq_start is not None else None
+    return plan
+
+
+def _scatter_flat(n_rows: int, fill, target: torch.Tensor, values: torch.Tensor, dtype) -> torch.Tensor:
+    """A [n_rows] tensor filled with `fill`, with out[target] = values (target == n_rows drops a value)."""
+    out = torch.full((n_rows + 1,), fill, dtype=dtype, device=target.device)
+    out.scatter_(0, target.reshape(-1), values.reshape(-1).to(dtype))
+    return out[:n_rows]
+
+
+class Packer:
+    """Packs QueryPlans of one decode call into forwards; keeps each layout's constant tensors."""
+
+    def __init__(self, cache: KVCache, canvas: DeviceCanvas, shift: bool):
+        self.cache, self.canvas, self.shift = cache, canvas, shift
+        self._layouts: dict[Layout, LayoutTensors] = {}
+
+    def tensors(self, layout: Layout) -> LayoutTensors:
+        if layout not in self._layouts:
+            self._layouts[layout] = layout_tensors(layout, self.canvas.n_slots, self.canvas.answer.device)
+        return self._layouts[layout]
+
+    def pack(self, plan: QueryPlan, layout: Layout, mask_prompt: bool = False) -> CachedStep:
+        """The packed forward of `layout`'s slots (see the module docstring). Readout rows come in the order
+        [slot of the layout][candidate j], one per plan.cells entry (rows of absent cells are junk)."""
+        canvas, cache, lt = self.canvas, self.cache, self.tensors(layout)
+        pick = (lambda t: t) if lt.all_slots else (lambda t: t.index_select(0, lt.index))
+        L, n_rows = cache.slot_len, layout.rows
+        in_query = pick(plan.in_query)
+        rank = torch.cumsum(in_query.long(), 1) - 1
+        in_query = in_query & (rank < lt.budgets)
+        row_of = lt.offsets + rank  # [n, L] packed row of each position (meaningful where in_query)
+        target = torch.where(in_query, row_of, n_rows)
+        position = torch.arange(L, device=row_of.device).expand_as(row_of)
+        tokens = pick(canvas.tokens)[:, :L]
+        prompt_len = pick(canvas.prompt_len)
+        if mask_prompt:  # classifier-free guidance's unconditional branch: the prompt replaced by [MASK]
+            tokens = torch.where(position < prompt_len[:, None], canvas.mask_id, tokens)
+        token_ids = _scatter_flat(n_rows, canvas.mask_id, target, tokens, torch.int64)
+        positions = _scatter_flat(n_rows, 0, target, position, torch.int64)
+        write_rows = _scatter_flat(n_rows, cache.trash_row, target, lt.index[:, None] * L + position, torch.int64)
+        score_query = None
+        if plan.scored is not None:
+            score_query = _scatter_flat(n_rows, False, target, pick(plan.scored), torch.bool)
+        cells = pick(plan.cells)
+        read_pos = (prompt_len[:, None] + cells - (1 if self.shift else 0)).clamp(0, L - 1)
+        readable = (cells >= 0) & in_query.gather(1, read_pos)  # a retired slot's cells are in no query
+        hidden_rows = torch.where(readable, row_of.gather(1, read_pos), lt.offsets).reshape(-1)
+        attention = attention_plan(lt, in_query.sum(1), lt.index * L, pick(canvas.total_len()), L,
+                                   score_query=score_query)
+        return CachedStep(token_ids=token_ids, positions=positions, write_rows=write_rows, plan=attention,
+                          hidden_rows=hidden_rows)

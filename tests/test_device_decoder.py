@@ -1,0 +1,194 @@
+"""The production decoder (device-resident step, engine/decode_loop.py) against the host reference
+(engine/host_reference.py): the same tokens, forward passes and StepEvents for every method, on LLaDA and
+Dream tiny models, batches of different prompt lengths, answers that end mid-window, sampling with a seed, and
+the pipelined loop that reads records late."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from flash_dllm.engine.chat import load_tokenizer
+from flash_dllm.engine.device_canvas import NOT_NEW, DeviceCanvas
+from flash_dllm.engine.device_plan import threshold_select as device_threshold
+from flash_dllm.engine.device_plan import top_k_select
+from flash_dllm.engine.engine import Engine
+from flash_dllm.engine.host_reference import run_reference
+from flash_dllm.engine.model import forward_hidden
+from flash_dllm.engine.sampling import noise_keys, uniform_noise
+from flash_dllm.engine.sequence import SequenceState
+from flash_dllm.engine.settings import GenerationSettings
+from flash_dllm.engine.strategies import threshold_select, top_k
+from flash_dllm.engine.tiny import TinySpec, write_tiny_model
+from flash_dllm.engine.weights import load_model
+
+PROMPTS = ["What is 12*7?", "hello there, how are you today?", "x", "Count: one two three four five six"]
+FAMILIES = {"llada": TinySpec(family="llada"), "dream": TinySpec(family="dream", n_kv_heads=2)}
+VARIANTS = {
+    "llada": dict(method="llada"),
+    "llada-cfg": dict(method="llada", cfg_scale=1.0, steps=16),
+    "fast-dllm-dual": dict(method="fast-dllm"),
+    "fast-dllm-prefix": dict(method="fast-dllm", cache_mode="prefix"),
+    "flash-cache": dict(method="flash-cache"),
+    "flash-cache-refresh-all": dict(method="flash-cache", track=-1),
+    "flash-verify-paper": dict(method="flash-verify", gamma=0.3),
+    "flash-verify-cumulative": dict(method="flash-verify", gamma=0.05, acceptance="cumulative"),
+}
+
+
+def make_engine(folder: Path) -> Engine:
+    model = load_model(folder)
+    return Engine(model, load_tokenizer(folder, model.config), folder.name, folder, "torch")
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def engine(request, tmp_path_factory) -> Engine:
+    return make_engine(write_tiny_model(tmp_path_factory.mktemp(request.param), FAMILIES[request.param]))
+
+
+@pytest.fixture(scope="module")
+def ending_engine(engine, tmp_path_factory) -> Engine:
+    """The same model with its end-token rows of the head pushed towards the answer cells' hidden direction,
+    just enough that flash-cache answers end after a few tokens, inside a window, and not at once."""
+    biased = make_engine(engine.folder)
+    model = biased.model
+    ids = torch.tensor([biased.tokenizer.encode(PROMPTS[0]) + [model.config.mask_id] * 32])
+    with torch.no_grad():
+        direction = forward_hidden(model, ids)[0, -32:].mean(0)
+    head = model.lm_head.clone()
+    for tenth in range(1, 40):
+        model.lm_head = head.clone()
+        for end in biased.tokenizer.end_ids:
+            model.lm_head[end] += tenth / 10 * direction / direction.norm()
+        lengths = [len(r.token_ids) for r in biased.generate(PROMPTS, settings(method="flash-cache"))]
+        if sum(3 <= n < 30 for n in lengths) >= 2:
+            return biased
+    pytest.fail("no bias ends answers mid-window")
+
+
+def settings(**changes) -> GenerationSettings:
+    base = GenerationSettings(method="flash-cache", gen_length=32, block_length=8, window=8, lookahead=8, track=8,
+                              threshold=0.6)
+    return base.with_overrides(**changes)
+
+
+def step_fields(events) -> list[dict]:
+    """StepEvents without their timings, in a canonical order (the reference emits per step in slot order too)."""
+    rows = [{k: v for k, v in e.to_dict().items() if k not in ("elapsed_s", "step_ms")}
+            for e in events if getattr(e, "kind", "") == "step"]
+    return sorted(rows, key=lambda r: (r["step"], r["seq"]))
+
+
+def compare(engine: Engine, s: GenerationSettings, prompts=PROMPTS, lag: int | None = None):
+    """Generate with the device decoder and the host reference; assert the same outcome and events."""
+    if lag is not None:  # build this shape's session, then keep its host `lag` steps ahead of its reads
+        engine.generate(prompts, s)
+        engine._decode[1].lag = lag
+    device_events, reference_events = [], []
+    results = engine.generate(prompts, s, on_event=device_events.append)
+    states = engine.new_states(prompts, s)
+    run_reference(engine.model, engine.kernels, s, states, emit=reference_events.append, piece=engine.tokenizer.piece)
+    assert [r.token_ids for r in results] == [st.answer_ids() for st in states]
+    assert [r.forward_passes for r in results] == [st.forward_passes for st in states]
+    assert [r.verify_passes for r in results] == [st.verify_passes for st in states]
+    assert [r.accepted_drafts for r in results] == [st.accepted_drafts for st in states]
+    assert [r.steps for r in results] == [st.steps for st in states]
+    assert [r.finish_reason for r in results] == [st.finish_reason for st in states]
+    assert step_fields(device_events) == step_fields(reference_events)
+    return results
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_device_decoder_equals_host_reference(engine, variant):
+    compare(engine, settings(**VARIANTS[variant]))
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_device_decoder_equals_host_reference_when_answers_end_mid_window(ending_engine, variant):
+    results = compare(ending_engine, settings(**VARIANTS[variant]))
+    if not variant.startswith("llada"):
+        assert any(r.finish_reason == "eos" and 0 < len(r.token_ids) < 32 for r in results)
+
+
+@pytest.mark.parametrize("variant", ["flash-cache", "flash-verify-paper", "fast-dllm-dual", "llada"])
+def test_sampling_with_a_seed_equals_the_reference_and_repeats(engine, variant):
+    s = settings(temperature=0.8, seed=11, **VARIANTS[variant])
+    first = compare(engine, s)
+    assert [r.token_ids for r in engine.generate(PROMPTS, s)] == [r.token_ids for r in first]
+    greedy = engine.generate(PROMPTS, s.with_overrides(temperature=0.0))
+    assert [r.token_ids for r in greedy] != [r.token_ids for r in first]
+
+
+@pytest.mark.parametrize("variant", ["flash-cache", "flash-verify-paper", "llada"])
+def test_pipelined_loop_reads_late_and_finished_sequences_commit_nothing(ending_engine, variant):
+    """With the host two steps ahead of its reads (as on a GPU, where it is one), steps launched after a
+    sequence finished must change nothing: same tokens, counters and events."""
+    compare(ending_engine, settings(**VARIANTS[variant]), lag=2)
+
+
+def test_prompt_alone_samples_what_it_samples_first_in_a_batch(engine):
+    s = settings(temperature=0.9, seed=5)
+    alone = engine.generate(PROMPTS[:1], s)[0]
+    batch = engine.generate(PROMPTS, s)[0]
+    assert alone.token_ids == batch.token_ids
+
+
+def test_device_commit_matches_the_host_commit_on_random_lists():
+    """Commits in any list order (Flash-Verify commits in confidence order), end tokens included: the device
+    canvas keeps the same cells, end, padding and 'committed by this step' order as SequenceState.commit."""
+    rng = random.Random(7)
+    for _ in range(200):
+        gen = rng.randrange(4, 20)
+        canvas = DeviceCanvas.allocate(1, 40, gen, mask_id=99, eos_id=98, end_ids={97, 98}, device="cpu")
+        canvas.load([[1, 2, 3]], [gen], [0])
+        state = SequenceState(0, [1, 2, 3], gen, 99, 98, frozenset({97, 98}))
+        for _ in range(rng.randrange(1, 4)):
+            canvas.begin_step()
+            state.begin_step()
+            base = 0
+            for _ in range(2):
+                cells = rng.sample(range(gen), rng.randrange(0, gen + 1))
+                tokens = [rng.choice([5, 6, 97, 98]) if rng.random() < 0.15 else rng.randrange(10, 20) for _ in cells]
+                conf = [rng.random() for _ in cells]
+                chosen = [rng.random() < 0.7 for _ in cells]
+                committed = canvas.commit(torch.tensor([cells], dtype=torch.int64).reshape(1, -1),
+                                          torch.tensor([tokens], dtype=torch.int64).reshape(1, -1),
+                                          torch.tensor([conf], dtype=torch.float64).reshape(1, -1),
+                                          torch.tensor([chosen], dtype=torch.bool).reshape(1, -1), rank_base=base)
+                base = committed
+                state.commit([c for c, k in zip(cells, chosen) if k], [t for t, k in zip(tokens, chosen) if k],
+                             [p for p, k in zip(conf, chosen) if k])
+                assert canvas.answer[0].tolist() == state.answer
+                assert int(canvas.end[0]) == (gen if state.end is None else state.end)
+                rank = canvas.newly_rank[0].tolist()
+                assert sorted((r, c) for c, r in enumerate(rank) if r < NOT_NEW) == \
+                    sorted((rank[c], c) for c in state.newly_committed)
+                assert [c for _, c in sorted((r, c) for c, r in enumerate(rank) if r < NOT_NEW)] == state.newly_committed
+            expected_tokens = state.tokens() + [98] * (40 - state.total_len)
+            assert canvas.tokens[0, :40].tolist() == expected_tokens
+
+
+def test_device_selection_rules_equal_the_host_rules():
+    rng = random.Random(2)
+    for _ in range(300):
+        n, width = rng.randrange(0, 9), 8
+        conf = [rng.choice([0.2, 0.5, 0.9, rng.random()]) for _ in range(n)]
+        cells = torch.tensor([list(range(n)) + [-1] * (width - n)])
+        padded_conf = torch.tensor([conf + [0.0] * (width - n)], dtype=torch.float64)
+        chosen = device_threshold(cells, padded_conf, torch.tensor([0.9], dtype=torch.float64))[0].tolist()
+        assert [i for i in range(width) if chosen[i]] == threshold_select(conf, 0.9)
+        k = rng.randrange(0, n + 1)
+        picked = top_k_select(cells, padded_conf, torch.tensor([k]))[0].tolist()
+        assert [i for i in range(width) if picked[i]] == top_k(conf, k)
+
+
+def test_sampling_noise_is_keyed_uniform_and_differs_between_keys():
+    keys = noise_keys(torch.tensor([[3], [3], [4]]), torch.tensor([[0], [1], [0]]), 0, torch.tensor([[5], [5], [5]]))
+    noise = uniform_noise(keys.reshape(-1), 4096)
+    assert bool(((noise > 0) & (noise < 1)).all())
+    assert abs(noise.mean().item() - 0.5) < 0.02 and abs(noise.var().item() - 1 / 12) < 0.01
+    assert not torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])
+    again = uniform_noise(noise_keys(torch.tensor([3]), torch.tensor([0]), 0, torch.tensor([5])), 4096)
+    assert torch.equal(again[0], noise[0])
