@@ -20,7 +20,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from flash_dllm.engine.model import rms_norm as engine_rms_norm  # noqa: E402
 from flash_dllm.kernels.add_rms_norm import AddRMSNorm, add_rms_norm, add_rms_norm_reference, rms_norm_reference  # noqa: E402
 from flash_dllm.kernels.silu_mul import SiluMul, silu_mul, silu_mul_reference  # noqa: E402
 
@@ -139,6 +138,7 @@ def test_plain_rms_norm_when_update_is_none(n, d, dtype):
 
 def test_norm_reference_is_the_engine_formula():
     """The reference reproduces engine/model.py's CPU rms_norm bit for bit, and the add is `residual + update`."""
+    engine_rms_norm = pytest.importorskip("flash_dllm.engine.model").rms_norm  # absent where only kernels/ ships
     residual, update, weight = norm_inputs(33, 3584, torch.bfloat16, seed=3)
     residual, update, weight = residual.cpu(), update.cpu(), weight.cpu()
     new_residual, normed = add_rms_norm_reference(residual, update, weight, EPS)
