@@ -7,8 +7,9 @@ Bitwise agreement with torch's `F.silu(gate) * up` on CUDA: torch's silu is x / 
 CUDA's full-precision expf and an IEEE division, rounded to the dtype; its multiply rounds the exact fp32
 product once. Triton's tl.exp is the fast ex2-based approximation, so the kernel calls libdevice's expf
 (the CUDA math library's own code) and div_rn instead. The interpreter cannot call libdevice; there exp is
-numpy's fp64 exp rounded to fp32 (see the contract for what that costs). Fp fusion is off so that `1 + exp` stays an add of
-the rounded exp, as in torch (libdevice's expf is written with explicit FMAs, so it compiles the same either way).
+numpy's fp64 exp rounded to fp32 (see the contract for what that costs). Fp fusion is off so that `1 + exp`
+stays an add of the rounded exp, as in torch (libdevice's expf is written with explicit FMAs, so it compiles
+the same either way).
 """
 from __future__ import annotations
 

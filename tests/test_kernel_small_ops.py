@@ -20,7 +20,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from flash_dllm.kernels.add_rms_norm import AddRMSNorm, add_rms_norm, add_rms_norm_reference, rms_norm_reference  # noqa: E402
+from flash_dllm.kernels.add_rms_norm import (AddRMSNorm, add_rms_norm, add_rms_norm_reference,  # noqa: E402
+                                             rms_norm_reference)
 from flash_dllm.kernels.silu_mul import SiluMul, silu_mul, silu_mul_reference  # noqa: E402
 
 pytestmark = needs_triton
@@ -228,7 +229,8 @@ def test_dispatchers_reject_contract_violations():
         wide = torch.zeros(1, 8200, device=DEVICE)
         add_rms_norm(wide, None, torch.ones(8200, device=DEVICE), EPS, backend="triton")
     gate_up = gate_up_inputs(4, 64, torch.bfloat16)
-    for bad_gate_up, out in [(gate_up[:, :127], None), (gate_up.int(), None), (gate_up, torch.empty(4, 65, device=DEVICE))]:
+    bad_silu_calls = [(gate_up[:, :127], None), (gate_up.int(), None), (gate_up, torch.empty(4, 65, device=DEVICE))]
+    for bad_gate_up, out in bad_silu_calls:
         with pytest.raises(ValueError):
             silu_mul(bad_gate_up, out=out, backend="triton")
 
