@@ -18,7 +18,7 @@ programs, ranges running from one tile into the next). The op tests check that a
 (process-wide counters of the slow steps) and gives the functional dispatcher's bits; on a GPU, that its calls
 replay from a CUDA graph.
 """
-from kernel_testing import (DEVICE, MODELS, TOL, Layer, compare, needs_gpu, needs_triton, rel_err,  # noqa: F401
+from kernel_testing import (DEVICE, MODELS, Layer, compare, needs_gpu, needs_triton, rel_err,  # noqa: F401
                             same_bits, tokens)  # (kernel_testing sets TRITON_INTERPRET first)
 
 import subprocess  # noqa: E402
