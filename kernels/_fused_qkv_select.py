@@ -220,14 +220,22 @@ def _choose(paths: tuple[str, ...], key: tuple, problem: FusedQKVProblem, call_a
         if entry is None or (must_time and math.isnan(entry[1])):
             if must_time:
                 launchers = [_build_launcher(path, config, problem, x, w_qkv) for config in configs]
-                entry = _fastest(launchers, call_args, measure)
+                try:
+                    entry = _fastest(launchers, call_args, measure)
+                except RuntimeError as exc:  # auto goes on without a path that cannot run here
+                    if len(paths) == 1:
+                        raise
+                    warnings.warn(f"fused QKV auto skips {path} for {key}: {exc}")
+                    continue
             else:  # nothing to compare, or nothing to time with (the interpreter): the first candidate
                 entry = (configs[0], math.nan)
             _TUNED[tuned_key] = entry
         timed[path] = entry
-    fastest = paths[0]
+    if not timed:
+        raise RuntimeError(f"no fused QKV path of {paths} runs here for {key}")
+    fastest = next(iter(timed))
     if not any(math.isnan(ms) for _, ms in timed.values()):
-        fastest = min(paths, key=lambda path: timed[path][1])
+        fastest = min(timed, key=lambda path: timed[path][1])
     return FusedQKVChoice(fastest, timed[fastest][0])
 
 
