@@ -3,8 +3,10 @@
 fused_qkv_rope_cache, LLaDA-8B and Dream-7B layer geometry, at 128 tokens (batch 1), 1024 (8 x 128) and
 4096 (32 x 128): the fused kernel vs the unfused reference (one matmul on the stacked weight, RoPE from
 tables, index_copy_) and vs a bare cuBLAS matmul of the same GEMM, plus the fused kernel's bandwidth
-against a device-to-device copy measured in the same run. On Hopper `fused` is auto's measured choice and each
-of the three kernels (pointer, data-parallel TMA, stream-K TMA) is also timed forced (`fused:<path>`).
+against a device-to-device copy measured in the same run. `fused` is a FusedQKVRopeCache op built once (what the
+engine's hot loop calls); on Hopper it runs auto's measured choice and each of the three kernels (pointer,
+data-parallel TMA, stream-K TMA) is also timed forced (`fused:<path>`). host_us_functional is the host cost of
+the functional, input-checking fused_qkv_rope_cache(backend="triton") on the same inputs.
 
 scheduled_attention on a ragged batch of 32 (one 4096-token prefill over 4096 keys beside 31 refreshes of
 128 queries over 1000..4096 keys): the one-launch kernel vs SDPA on queries/keys padded to the maximum
@@ -32,11 +34,10 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
-from flash_dllm.kernels._fused_qkv_rope_cache_streamk import tuned_streamk_config
-from flash_dllm.kernels._fused_qkv_rope_cache_triton import (AUTO_CANDIDATES, PATH_ENV, fused_qkv_kernel,
-                                                             fused_qkv_path, problem_key)
 from flash_dllm.kernels._scheduled_attention_triton import _scheduled_attention_kernel
-from flash_dllm.kernels.fused_qkv_rope_cache import fused_qkv_rope_cache, fused_qkv_rope_cache_reference
+from flash_dllm.kernels.fused_qkv_rope_cache import (KERNEL_PATHS, FusedQKVRopeCache, forced_fused_qkv,
+                                                     fused_qkv_rope_cache, fused_qkv_rope_cache_reference,
+                                                     read_path_request)
 from flash_dllm.kernels.scheduled_attention import build_plan, scheduled_attention
 
 MODELS = {  # n_heads, n_kv_heads, head_dim, d_model, bias, rope theta
@@ -111,7 +112,12 @@ def bench_fused(model: str, n_tokens: int, copy_gbs: float, l2_bytes: int) -> No
     shape = f"N={n_tokens} D={d_model} cols={rows}"
     print(f"\nfused_qkv_rope_cache {model} {shape} (weights rotate over {copies} copies)", flush=True)
 
+    op = FusedQKVRopeCache("triton", n_heads, n_kv_heads)
+
     def fused(i):
+        return op(x[i], w[i], b[i], cos, sin, pos, crow, kc, vc)
+
+    def functional(i):
         return fused_qkv_rope_cache(x[i], w[i], b[i], cos, sin, pos, crow, kc, vc, n_heads, n_kv_heads,
                                     backend="triton")
 
@@ -121,13 +127,11 @@ def bench_fused(model: str, n_tokens: int, copy_gbs: float, l2_bytes: int) -> No
     def cublas(i):
         return F.linear(x[i], w[i])
 
-    q = fused(0)  # autotunes this bucket (and, on Hopper, times the three kernels) before anything is timed
+    q = fused(0)  # tunes this bucket (and, on Hopper, times the three kernels) before anything is timed
     ref_q = reference(0)
     err = ((q.float() - ref_q.float()).norm() / ref_q.float().norm()).item()
-    key = problem_key(x[0], w[0], b[0] is not None, n_heads)
-    path = fused_qkv_path(x[0], w[0], head_dim, key)  # auto's choice, or FLASH_DLLM_FUSED_QKV_PATH's
-    config = f"path {path}: " + describe_config(path, key)
-    print(f"  fused path {path}", flush=True)
+    config = describe_choice(op.bound_choice(x[0], w[0], b[0]))  # auto's choice, or FLASH_DLLM_FUSED_QKV_PATH's
+    print(f"  fused {config}", flush=True)
     moved = weight_bytes + n_tokens * (d_model + rows) * 2 + n_tokens * head_dim * 4  # + q/k/v out, cos/sin
     flops = 2 * n_tokens * d_model * rows
     times, host = {}, {}
@@ -135,32 +139,32 @@ def bench_fused(model: str, n_tokens: int, copy_gbs: float, l2_bytes: int) -> No
         times[name, "eager"] = median_ms(lambda: fn(1 % copies))
         times[name, "graph"] = graph_ms(fn, copies)
         host[name] = host_us_per_call(fn, copies)
+    functional(0)
+    host["functional"] = host_us_per_call(functional, copies)
     for mode in ("eager", "graph"):
         t_fused, t_ref, t_mm = times["fused", mode], times["reference", mode], times["cublas_matmul", mode]
         gbs = moved / t_fused / 1e6
+        eager_only = {"config": config, "host_us_functional": host["functional"]} if mode == "eager" else {}
         record("fused_qkv_rope_cache", model, shape, f"fused[{mode}]", t_fused, tflops=flops / t_fused / 1e9,
                gbs=gbs, frac_copy_bw=gbs / copy_gbs, speedup_vs_reference=t_ref / t_fused,
-               vs_cublas=t_fused / t_mm, rel_err_q=err, host_us=host["fused"], config=config if mode == "eager" else "")
+               vs_cublas=t_fused / t_mm, rel_err_q=err, host_us=host["fused"], **eager_only)
         record("fused_qkv_rope_cache", model, shape, f"reference[{mode}]", t_ref, tflops=flops / t_ref / 1e9,
                host_us=host["reference"])
         record("fused_qkv_rope_cache", model, shape, f"cublas_matmul[{mode}]", t_mm, tflops=flops / t_mm / 1e9,
                gbs=moved / t_mm / 1e6, frac_copy_bw=moved / t_mm / 1e6 / copy_gbs, host_us=host["cublas_matmul"])
-    if PATH_ENV not in os.environ and torch.cuda.get_device_capability()[0] >= 9:
-        for forced in AUTO_CANDIDATES:  # every Hopper kernel, CUDA-graph medians beside auto's choice
-            os.environ[PATH_ENV] = forced
-            try:
-                fused(0)  # tunes the forced path's configs outside the graph
+    if read_path_request() == "auto" and torch.cuda.get_device_capability()[0] >= 9:
+        for forced in KERNEL_PATHS:  # every Hopper kernel, CUDA-graph medians beside auto's choice
+            with forced_fused_qkv(path=forced):
+                fused(0)  # binds the forced path (tuned already while auto measured) outside the graph
                 t = graph_ms(fused, copies)
                 record("fused_qkv_rope_cache", model, shape, f"fused:{forced}[graph]", t, tflops=flops / t / 1e9,
-                       vs_cublas=t / times["cublas_matmul", "graph"], config=describe_config(forced, key))
-            finally:
-                os.environ.pop(PATH_ENV)
+                       vs_cublas=t / times["cublas_matmul", "graph"],
+                       config=describe_choice(op.bound_choice(x[0], w[0], b[0])))
 
 
-def describe_config(path: str, key: tuple) -> str:
-    if path == "streamk":
-        return str(tuned_streamk_config(key)).replace(",", ";")
-    return str(fused_qkv_kernel(path).best_config).replace(",", ";")
+def describe_choice(choice) -> str:
+    """path and config of a FusedQKVChoice, without commas (a CSV cell)."""
+    return f"path {choice.path}: {choice.config}".replace(",", ";")
 
 
 def ragged_batch(n_heads: int, n_kv_heads: int, head_dim: int = 128, seed: int = 0):

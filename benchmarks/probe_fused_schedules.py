@@ -8,18 +8,17 @@ Usage: python3 benchmarks/probe_fused_schedules.py [--cases model:tokens,...] [-
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.nn.functional as F
 
 from bench_kernels import MODELS, device_env, fused_inputs, graph_ms, write_rows_csv
-from flash_dllm.kernels import _fused_qkv_rope_cache_streamk as sk
-from flash_dllm.kernels import _fused_qkv_rope_cache_tma as tma
-from flash_dllm.kernels._fused_qkv_rope_cache_triton import PATH_ENV
-from flash_dllm.kernels.fused_qkv_rope_cache import fused_qkv_rope_cache
+from flash_dllm.kernels._fused_qkv_streamk import CUDA_CONFIGS as STREAMK_CONFIGS
+from flash_dllm.kernels._fused_qkv_tma import TMAConfig
+from flash_dllm.kernels.fused_qkv_rope_cache import FusedQKVRopeCache, forced_fused_qkv
 
-TMA_CONFIGS = [(128, 1, 64, 64, 5, 4), (128, 1, 64, 64, 6, 4), (128, 2, 64, 64, 4, 8), (64, 1, 64, 64, 4, 4)]
+TMA_CONFIGS = [TMAConfig(128, 1, 64, 64, 5, 4), TMAConfig(128, 1, 64, 64, 6, 4), TMAConfig(128, 2, 64, 64, 4, 8),
+               TMAConfig(64, 1, 64, 64, 4, 4)]
 
 
 def kernel_us(fn, copies: int, calls: int = 24) -> float:
@@ -54,9 +53,10 @@ def main() -> None:
         t_mm = graph_ms(lambda i: F.linear(x[i], w[i]), copies)
         print(f"\n{model} N={n_tokens}: cuBLAS {t_mm * 1000:.1f} us", flush=True)
 
+        op = FusedQKVRopeCache("triton", n_heads, n_kv_heads)
+
         def fused(i):
-            return fused_qkv_rope_cache(x[i], w[i], b[i], cos, sin, pos, crow, kc, vc, n_heads, n_kv_heads,
-                                        backend="triton")
+            return op(x[i], w[i], b[i], cos, sin, pos, crow, kc, vc)
 
         def record(variant, t):
             rows.append({"model": model, "tokens": n_tokens, "variant": variant, "us": round(t * 1000, 2),
@@ -66,35 +66,18 @@ def main() -> None:
         record("cublas", t_mm)
         if args.profile:
             record("cublas kernel (profiler)", kernel_us(lambda i: F.linear(x[i], w[i]), copies) / 1000)
-        os.environ[PATH_ENV] = "streamk"
-        for config in [c for c in sk.CUDA_CONFIGS if all(text in repr(c) for text in args.only)]:
-            sk._BEST.clear()
-            saved = sk.CUDA_CONFIGS
-            sk.CUDA_CONFIGS = [config]
+        forcings = [("streamk", config, {"streamk_configs": [config]}) for config in STREAMK_CONFIGS
+                    if all(text in repr(config) for text in args.only)]
+        forcings += [] if args.no_tma else [("tma", config, {"tma_configs": [config]}) for config in TMA_CONFIGS]
+        for path, config, configs in forcings:  # one config at a time: the tuner has nothing to choose
             try:
-                fused(0)
-                record(f"streamk {config}", graph_ms(fused, copies))
-                if args.profile:
-                    record(f"streamk kernel (profiler) {config}", kernel_us(fused, copies) / 1000)
+                with forced_fused_qkv(path=path, **configs):
+                    fused(0)
+                    record(f"{path} {config}", graph_ms(fused, copies))
+                    if args.profile and path == "streamk":
+                        record(f"streamk kernel (profiler) {config}", kernel_us(fused, copies) / 1000)
             except Exception as exc:  # noqa: BLE001 - a probe: report and go on
-                print(f"  {config}: {str(exc)[:120]}")
-            finally:
-                sk.CUDA_CONFIGS = saved
-        sk._BEST.clear()
-        os.environ[PATH_ENV] = "tma"
-        kernel = tma._fused_qkv_rope_cache_tma_kernel
-        saved_configs = kernel.configs
-        for row in [] if args.no_tma else TMA_CONFIGS:
-            kernel.configs = [tma._config(*row)]
-            kernel.cache.clear()
-            try:
-                fused(0)
-                record(f"tma {row}", graph_ms(fused, copies))
-            except Exception as exc:  # noqa: BLE001
-                print(f"  tma {row}: {str(exc)[:120]}")
-        kernel.configs = saved_configs
-        kernel.cache.clear()
-        os.environ.pop(PATH_ENV)
+                print(f"  {path} {config}: {str(exc)[:120]}")
         del w, b, x
         torch.cuda.empty_cache()
     if args.csv:

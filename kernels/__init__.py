@@ -2,7 +2,8 @@
 
 Each op module holds a plain-PyTorch reference, a Triton kernel and a dispatcher. The dispatcher takes
 ``backend``: "triton" (CUDA, or the CPU interpreter when TRITON_INTERPRET=1) or "torch" (the reference).
-Nothing here imports model code.
+fused_qkv_rope_cache also has an op object (FusedQKVRopeCache) that makes its constant decisions once, for
+hot loops and CUDA graphs. Nothing here imports model code.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Fused QKV + RoPE + cache-write kernel vs the plain-PyTorch reference.
+"""Fused QKV + RoPE + cache-write kernels vs the plain-PyTorch reference, and the op that binds them once.
 
-Runs the Triton kernel through the CPU interpreter (TRITON_INTERPRET=1, small shapes) or, with
+Runs the Triton kernels through the CPU interpreter (TRITON_INTERPRET=1, small shapes) or, with
 TRITON_INTERPRET=0 on a CUDA machine, on the GPU, where the full LLaDA-8B / Dream-7B layer shapes also run.
 
 Tolerances (relative Frobenius-norm error vs the reference):
@@ -9,89 +9,53 @@ Tolerances (relative Frobenius-norm error vs the reference):
   again after RoPE, and the interpreter stores bf16 by truncation (measured ~4e-3 against the reference).
 Cache rows that no token names must stay bit-identical.
 
-Two kernels sit behind the Triton backend: the pointer kernel (any GPU, the interpreter's default) and the
-TMA kernels (compute capability >= 9, head dim 128: a data-parallel grid and a stream-K schedule);
-FLASH_DLLM_FUSED_QKV_PATH forces one. The TMA tests force them, under the interpreter too (which runs tensor
-descriptors), once per config shape (WIDE one head, WIDE two heads, SPLIT half-head column blocks; the
-stream-K-tail schedule with one- and two-head tiles over 7 "SMs": whole tail tiles, tiles split over programs,
-ranges running from one tile into the next).
+Three kernels sit behind the Triton backend: the pointer kernel (any GPU, the interpreter's default) and the
+TMA kernels (compute capability >= 9, head dim 128: a data-parallel grid and a stream-K schedule).
+`forced_fused_qkv` forces a path and its candidate configs; the TMA tests force them under the interpreter too
+(which runs tensor descriptors), once per config shape (WIDE one head, WIDE two heads, SPLIT half-head column
+blocks; the stream-K-tail schedule with one- and two-head tiles over 7 "SMs": whole tail tiles, tiles split over
+programs, ranges running from one tile into the next). The op tests check that a FusedQKVRopeCache binds once
+(process-wide counters of the slow steps) and gives the functional dispatcher's bits; on a GPU, that its calls
+replay from a CUDA graph.
 """
-from kernel_testing import DEVICE, TOL, needs_gpu, needs_triton, rel_err  # noqa: F401  (sets TRITON_INTERPRET first)
+from kernel_testing import (DEVICE, MODELS, Layer, compare, needs_gpu, needs_triton, rel_err,  # noqa: F401
+                            same_bits, tokens)  # (kernel_testing sets TRITON_INTERPRET first)
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from flash_dllm.kernels import _fused_qkv_rope_cache_streamk as streamk_module  # noqa: E402
-from flash_dllm.kernels import _fused_qkv_rope_cache_tma as tma_module  # noqa: E402
-from flash_dllm.kernels import _fused_qkv_rope_cache_triton as dispatch  # noqa: E402
-from flash_dllm.kernels._fused_qkv_rope_cache_triton import PATH_ENV, fused_qkv_path  # noqa: E402
-from flash_dllm.kernels.fused_qkv_rope_cache import fused_qkv_rope_cache, fused_qkv_rope_cache_reference  # noqa: E402
+from flash_dllm.kernels import gpu_time_ms  # noqa: E402
+from flash_dllm.kernels import _fused_qkv_pointer as pointer_module  # noqa: E402
+from flash_dllm.kernels import _fused_qkv_streamk as streamk_module  # noqa: E402
+from flash_dllm.kernels import _fused_qkv_tma as tma_module  # noqa: E402
+from flash_dllm.kernels._fused_qkv_common import tma_available  # noqa: E402
+from flash_dllm.kernels.fused_qkv_rope_cache import (CHECK_ENV, KERNEL_PATHS, PATH_ENV, FusedQKVChoice,  # noqa: E402
+                                                     FusedQKVRopeCache, current_fused_qkv_forcing, forced_fused_qkv,
+                                                     fused_qkv_choice, fused_qkv_counters, fused_qkv_paths,
+                                                     fused_qkv_problem_key, fused_qkv_rope_cache_reference,
+                                                     read_path_request)
 
 pytestmark = needs_triton
 HOPPER = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9
-needs_tma = pytest.mark.skipif(not tma_module.tma_available() or (DEVICE == "cuda" and not HOPPER),
+needs_tma = pytest.mark.skipif(not tma_available() or (DEVICE == "cuda" and not HOPPER),
                                reason="the TMA kernel needs tensor descriptors and (on CUDA) compute capability >= 9")
-needs_hopper = pytest.mark.skipif(not HOPPER or not tma_module.tma_available(),
+needs_hopper = pytest.mark.skipif(not HOPPER or not tma_available(),
                                   reason="TMA at full model shapes runs on a CUDA device of compute capability >= 9")
+CAN_RUN_TMA = tma_available() and (DEVICE != "cuda" or HOPPER)
+STREAMK_CUDA = {"one_head": streamk_module.StreamKConfig(64, 1, 32, 3, 4),
+                "two_heads": streamk_module.StreamKConfig(128, 2, 32, 2, 8),
+                "one_head_balanced": streamk_module.StreamKConfig(64, 1, 32, 3, 4, balanced=True)}
 
 
-def rope_tables(n_positions: int, head_dim: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    angles = torch.arange(n_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    return angles.cos().float().to(device), angles.sin().float().to(device)
-
-
-class Layer:
-    """Random stacked q|k|v weight (+bias) and RoPE tables of one attention layer."""
-
-    def __init__(self, n_heads, n_kv_heads, head_dim, d_model, bias, dtype, theta=5e5, n_positions=4608, seed=0):
-        gen = torch.Generator().manual_seed(seed)
-        rows = (n_heads + 2 * n_kv_heads) * head_dim
-        self.n_heads, self.n_kv_heads, self.head_dim, self.dtype = n_heads, n_kv_heads, head_dim, dtype
-        self.w = (torch.randn(rows, d_model, generator=gen) / d_model**0.5).to(DEVICE, dtype)
-        self.b = (0.5 * torch.randn(rows, generator=gen)).to(DEVICE, dtype) if bias else None
-        self.cos, self.sin = rope_tables(n_positions, head_dim, theta, DEVICE)
-
-    def caches(self, n_rows: int, fill: float | None = None, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        width = self.n_kv_heads * self.head_dim
-        if fill is not None:
-            return (torch.full((n_rows, width), fill, dtype=self.dtype, device=DEVICE) for _ in range(2))
-        gen = torch.Generator().manual_seed(seed)
-        return (torch.randn(n_rows, width, generator=gen).to(DEVICE, self.dtype) for _ in range(2))
-
-    def run(self, x, positions, cache_rows, k_cache, v_cache, backend):
-        return fused_qkv_rope_cache(x, self.w, self.b, self.cos, self.sin, positions, cache_rows, k_cache, v_cache,
-                                    self.n_heads, self.n_kv_heads, backend=backend)
-
-
-def compare(layer: Layer, x, positions, cache_rows, n_cache_rows: int, fill: float | None = None):
-    """Run kernel and reference on identical, separately owned caches and check every output."""
-    k_kernel, v_kernel = layer.caches(n_cache_rows, fill)
-    k_ref, v_ref = layer.caches(n_cache_rows, fill)
-    k_before, v_before = k_kernel.clone(), v_kernel.clone()
-    q_kernel = layer.run(x, positions, cache_rows, k_kernel, v_kernel, "triton")
-    q_ref = fused_qkv_rope_cache_reference(x, layer.w, layer.b, layer.cos, layer.sin, positions, cache_rows,
-                                           k_ref, v_ref, layer.n_heads, layer.n_kv_heads)
-    tol = TOL[layer.dtype]
-    assert q_kernel.dtype == x.dtype and q_kernel.shape == q_ref.shape
-    assert rel_err(q_kernel, q_ref) <= tol, ("q", rel_err(q_kernel, q_ref))
-    rows = cache_rows.long()
-    assert rel_err(k_kernel[rows], k_ref[rows]) <= tol, ("k", rel_err(k_kernel[rows], k_ref[rows]))
-    assert rel_err(v_kernel[rows], v_ref[rows]) <= tol, ("v", rel_err(v_kernel[rows], v_ref[rows]))
-    untouched = torch.ones(n_cache_rows, dtype=torch.bool, device=DEVICE)
-    untouched[rows] = False
-    # bit-exact, NaN included: compare the raw bits of rows no token names
-    assert torch.equal(k_kernel[untouched].view(torch.uint8), k_before[untouched].view(torch.uint8))
-    assert torch.equal(v_kernel[untouched].view(torch.uint8), v_before[untouched].view(torch.uint8))
-    return q_kernel
-
-
-def tokens(n_tokens, d_model, dtype, n_cache_rows, seed=2, max_position=4096):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n_tokens, d_model, generator=gen).to(DEVICE, dtype)
-    positions = torch.randint(0, max_position, (n_tokens,), generator=gen).to(DEVICE)
-    cache_rows = torch.randperm(n_cache_rows, generator=gen)[:n_tokens].to(DEVICE)
-    return x, positions, cache_rows
+def forced(path: str, name: str):
+    """Force one TMA path with one config shape (stream-K on a GPU: a CUDA config that fits fp32, untuned)."""
+    if path == "tma":
+        return forced_fused_qkv(path="tma", tma_configs=[tma_module.INTERPRETER_CONFIGS[name]])
+    configs = STREAMK_CUDA if DEVICE == "cuda" else streamk_module.INTERPRETER_CONFIGS
+    return forced_fused_qkv(path="streamk", streamk_configs=[configs[name]])
 
 
 @pytest.mark.parametrize("n_tokens", [1, 3, 17, 129])
@@ -156,42 +120,218 @@ def test_rope_is_applied_to_q_and_k_only():
     assert torch.equal(v_rot, v_id)
 
 
+def test_no_tokens_writes_nothing():
+    layer = Layer(4, 2, head_dim=16, d_model=64, bias=True, dtype=torch.float32)
+    k_cache, v_cache = layer.caches(8)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    empty = torch.empty(0, dtype=torch.long, device=DEVICE)
+    q = layer.call(FusedQKVRopeCache("triton", 4, 2, check_inputs=True), torch.empty(0, 64, device=DEVICE), empty,
+                   empty, k_cache, v_cache)
+    assert q.shape == (0, 64) and same_bits((k_cache, k_before), (v_cache, v_before))
+
+
+# ---- the op: bound once, same bits, checks on request, forcing ------------------------------------------------
+
+@pytest.fixture(params=["pointer", "tma", "streamk"])
+def forced_path(request):
+    """Each kernel path forced with its default configs (the interpreter: one each)."""
+    if request.param != "pointer" and not CAN_RUN_TMA:
+        pytest.skip("the TMA paths need tensor descriptors and (on CUDA) compute capability >= 9")
+    with forced_fused_qkv(path=request.param):
+        yield request.param
+
+
+def test_op_gives_the_functional_dispatchers_bits(forced_path):
+    """First call (binds), second call (only launches), out= and the functional form: the same bits."""
+    layer = Layer(4, 2, head_dim=128, d_model=96, bias=True, dtype=torch.float32)
+    x, positions, cache_rows = tokens(17, 96, torch.float32, n_cache_rows=40)
+    op = FusedQKVRopeCache("triton", 4, 2)
+    q_first = compare(layer, x, positions, cache_rows, 40, run=lambda *args: layer.call(op, *args))
+    k_first, v_first = layer.caches(40)
+    layer.call(op, x, positions, cache_rows, k_first, v_first)
+    assert op.bound_choice(x, layer.w, layer.b).path == forced_path
+    k_fn, v_fn = layer.caches(40)
+    q_fn = layer.run(x, positions, cache_rows, k_fn, v_fn, "triton")
+    k_out, v_out = layer.caches(40)
+    out = torch.full_like(q_fn, float("nan"))
+    assert layer.call(op, x, positions, cache_rows, k_out, v_out, out=out) is out
+    assert same_bits((q_fn, q_first), (out, q_first), (k_fn, k_first), (v_fn, v_first), (k_out, k_first),
+                     (v_out, v_first))
+
+
+def test_torch_op_is_the_reference():
+    layer = Layer(4, 2, head_dim=16, d_model=64, bias=True, dtype=torch.float32)
+    x, positions, cache_rows = tokens(7, 64, torch.float32, n_cache_rows=12)
+    (k_op, v_op), (k_ref, v_ref) = layer.caches(12), layer.caches(12)
+    q_op = layer.call(FusedQKVRopeCache("torch", 4, 2), x, positions, cache_rows, k_op, v_op)
+    q_ref = fused_qkv_rope_cache_reference(x, layer.w, layer.b, layer.cos, layer.sin, positions, cache_rows, k_ref,
+                                           v_ref, 4, 2)
+    assert same_bits((q_op, q_ref), (k_op, k_ref), (v_op, v_ref))
+
+
+def test_a_steady_call_binds_nothing(forced_path):
+    """After the first call of a buffer, calls with new contents in the same buffers resolve, time, bind and
+    build nothing (and read the new contents); a new x buffer binds a launcher without choosing again; a new
+    token bucket chooses again. d_model 112: a geometry no other test uses, so the first call chooses here."""
+    layer = Layer(4, 2, head_dim=128, d_model=112, bias=True, dtype=torch.float32)
+    x, positions, cache_rows = tokens(17, 112, torch.float32, n_cache_rows=40)
+    k_cache, v_cache = layer.caches(40)
+    op = FusedQKVRopeCache("triton", 4, 2)
+    start = fused_qkv_counters()
+    layer.call(op, x, positions, cache_rows, k_cache, v_cache)
+    first = fused_qkv_counters()
+    assert (first.resolutions, first.launchers_built) == (start.resolutions + 1, start.launchers_built + 1)
+    x_new, positions_new, rows_new = tokens(17, 112, torch.float32, n_cache_rows=40, seed=7)
+    for _ in range(2):
+        x.copy_(x_new)
+        positions.copy_(positions_new)
+        cache_rows.copy_(rows_new)
+        compare(layer, x, positions, cache_rows, 40, run=lambda *args: layer.call(op, *args))
+    assert fused_qkv_counters() == first
+    layer.call(op, x_new, positions_new, rows_new, k_cache, v_cache)  # same shape, another x buffer
+    rebound = fused_qkv_counters()
+    assert (rebound.resolutions, rebound.measurements) == (first.resolutions, first.measurements)
+    assert rebound.launchers_built == first.launchers_built + 1
+    assert rebound.descriptors_built == first.descriptors_built + (0 if forced_path == "pointer" else 2)
+    x_big, positions_big, rows_big = tokens(40, 112, torch.float32, n_cache_rows=40)  # bucket 64, not 32
+    layer.call(op, x_big, positions_big, rows_big, k_cache, v_cache)
+    assert fused_qkv_counters().resolutions == rebound.resolutions + 1
+
+
+def test_tuning_times_each_candidate_once_and_keeps_the_fastest():
+    """Two pointer configs, timed (faked) 2.0 and 1.0 ms: the second is bound; a further call of the bucket
+    times nothing (a third timing would exhaust the fake)."""
+    candidates = [pointer_module.PointerConfig(16, 16, 32, 1, 4), pointer_module.PointerConfig(32, 32, 64, 1, 4, 2)]
+    fake_ms = iter([2.0, 1.0])
+
+    def measure(fn):
+        fn()
+        return next(fake_ms)
+
+    layer = Layer(4, 2, head_dim=16, d_model=64, bias=True, dtype=torch.float32)
+    x, positions, cache_rows = tokens(9, 64, torch.float32, n_cache_rows=20)
+    op = FusedQKVRopeCache("triton", 4, 2)
+    with forced_fused_qkv(path="pointer", pointer_configs=candidates, measure=measure):
+        before = fused_qkv_counters()
+        compare(layer, x, positions, cache_rows, 20, run=lambda *args: layer.call(op, *args))
+        assert fused_qkv_counters().measurements == before.measurements + 2
+        key = fused_qkv_problem_key(x, layer.w, True, 4)
+        assert fused_qkv_choice(key) == FusedQKVChoice("pointer", candidates[1])
+        assert op.bound_choice(x, layer.w, layer.b) == fused_qkv_choice(key)
+        x_other, positions_other, rows_other = tokens(13, 64, torch.float32, n_cache_rows=20, seed=3)  # same bucket
+        compare(layer, x_other, positions_other, rows_other, 20, run=lambda *args: layer.call(op, *args))
+    assert fused_qkv_counters().measurements == before.measurements + 2
+
+
+@needs_tma
+def test_auto_measures_each_path_once_and_keeps_the_fastest():
+    """auto over the three paths (one config each), timed (faked) 3, 2, 1 ms in that order: stream-K is bound,
+    and the result is exact; the next call measures nothing."""
+    configs = {"pointer_configs": [pointer_module.INTERPRETER_CONFIG],
+               "tma_configs": [tma_module.INTERPRETER_CONFIGS["wide1"]],
+               "streamk_configs": [streamk_module.INTERPRETER_CONFIGS["one_head"]]}
+    fake_ms = iter([3.0, 2.0, 1.0])
+
+    def measure(fn):
+        fn()
+        return next(fake_ms)
+
+    layer = Layer(4, 2, head_dim=128, d_model=96, bias=True, dtype=torch.float32)
+    x, positions, cache_rows = tokens(17, 96, torch.float32, n_cache_rows=40)
+    op = FusedQKVRopeCache("triton", 4, 2)
+    with forced_fused_qkv(auto_paths=KERNEL_PATHS, measure=measure, **configs):
+        for _ in range(2):
+            compare(layer, x, positions, cache_rows, 40, run=lambda *args: layer.call(op, *args))
+        assert fused_qkv_choice(fused_qkv_problem_key(x, layer.w, True, 4)) == FusedQKVChoice(
+            "streamk", streamk_module.INTERPRETER_CONFIGS["one_head"])
+        assert op.bound_choice(x, layer.w, layer.b).path == "streamk"
+
+
+def test_check_inputs_names_what_is_wrong(monkeypatch):
+    layer = Layer(4, 2, head_dim=16, d_model=64, bias=True, dtype=torch.float32)
+    x, positions, cache_rows = tokens(5, 64, torch.float32, n_cache_rows=12)
+    k_cache, v_cache = layer.caches(12)
+    good = {"x": x, "w_qkv": layer.w, "b_qkv": layer.b, "cos": layer.cos, "sin": layer.sin, "positions": positions,
+            "cache_rows": cache_rows, "k_cache": k_cache, "v_cache": v_cache}
+    wrong = [({"x": x.double()}, "x .*torch.float64.* and w_qkv .*torch.float32.* must share a dtype"),
+             ({"w_qkv": layer.w[:-1]}, "w_qkv must have .* rows: 127 rows for 8 heads"),
+             ({"w_qkv": torch.zeros(8 * 15, 64, device=DEVICE)}, "even head dim, got 15"),
+             ({"cos": layer.cos[:, :4]}, r"cos/sin must be \[P, 8\]"),
+             ({"k_cache": k_cache.T.contiguous().T}, "k_cache must be contiguous in its last dimension"),
+             ({"v_cache": v_cache[:, :16]}, r"v_cache must be \[R, 32\], got \(12, 16\)"),
+             ({"b_qkv": layer.b[:-1]}, r"b_qkv must be \[128\], got \(127,\)"),
+             ({"positions": positions[:-1]}, "positions and cache_rows must have one entry per token"),
+             ({"out": torch.empty(5, 63, device=DEVICE)}, r"out must be \[5, 64\]")]
+    for backend in ("triton", "torch"):
+        op = FusedQKVRopeCache(backend, 4, 2, check_inputs=True)
+        for change, message in wrong:
+            with pytest.raises(ValueError, match=message):
+                op(**{**good, **change})
+        op(**good)
+    assert not FusedQKVRopeCache("triton", 4, 2).check_inputs
+    monkeypatch.setenv(CHECK_ENV, "1")  # read when an op is built
+    assert FusedQKVRopeCache("triton", 4, 2).check_inputs
+
+
+def test_forced_fused_qkv_restores_the_previous_forcing_even_after_an_exception():
+    layer = Layer(4, 2, head_dim=16, d_model=64, bias=True, dtype=torch.float32)
+    x, positions, cache_rows = tokens(5, 64, torch.float32, n_cache_rows=12)
+    k_cache, v_cache = layer.caches(12)
+    op = FusedQKVRopeCache("triton", 4, 2)
+    pinned = pointer_module.PointerConfig(16, 16, 32, 1, 4, group_m=2)  # in no default candidate list
+    outside = current_fused_qkv_forcing()
+    layer.call(op, x, positions, cache_rows, k_cache, v_cache)
+    with pytest.raises(ValueError, match="streamk requested .*, but"):  # head dim 16: no TMA
+        with forced_fused_qkv(path="streamk"):
+            assert current_fused_qkv_forcing().path == "streamk"
+            assert op.bound_choice(x, layer.w, layer.b) is None  # bound under another forcing
+            with forced_fused_qkv(path="pointer", pointer_configs=[pinned]):
+                layer.call(op, x, positions, cache_rows, k_cache, v_cache)
+                assert op.bound_choice(x, layer.w, layer.b) == FusedQKVChoice("pointer", pinned)
+            assert current_fused_qkv_forcing().path == "streamk"
+            layer.call(op, x, positions, cache_rows, k_cache, v_cache)
+    assert current_fused_qkv_forcing() is outside
+    assert op.bound_choice(x, layer.w, layer.b) is None
+    layer.call(op, x, positions, cache_rows, k_cache, v_cache)
+    bound = op.bound_choice(x, layer.w, layer.b)
+    assert bound.path == "pointer" and bound.config != pinned
+    with pytest.raises(ValueError, match="unknown fused QKV kernel path 'cublas'"):
+        with forced_fused_qkv(path="cublas"):
+            pass
+    assert current_fused_qkv_forcing() is outside
+
+
+def test_importing_the_op_module_does_not_import_triton():
+    code = ("import sys, torch\n"
+            "import flash_dllm.kernels.fused_qkv_rope_cache as m\n"
+            "op = m.FusedQKVRopeCache('torch', 2, 1)\n"
+            "x = torch.randn(3, 16); w = torch.randn(32, 16); cos = sin = torch.ones(8, 4)\n"
+            "k = torch.zeros(5, 8); v = torch.zeros(5, 8); idx = torch.arange(3)\n"
+            "op(x, w, None, cos, sin, idx, idx, k, v)\n"
+            "assert 'triton' not in sys.modules, 'triton imported'\n"
+            "m.forced_fused_qkv\n"
+            "assert 'triton' in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 # ---- TMA kernels (interpreter, or a CUDA device of compute capability >= 9) -----------------------------------
-
-STREAMK_CUDA = {"one_head": streamk_module.StreamKConfig(64, 1, 32, 3, 4),
-                "two_heads": streamk_module.StreamKConfig(128, 2, 32, 2, 8),
-                "one_head_balanced": streamk_module.StreamKConfig(64, 1, 32, 3, 4, balanced=True)}
-
-
-def force_streamk(monkeypatch, name: str) -> None:
-    """streamk path with one tile shape (interpreter: 7 programs; GPU: one CUDA config that fits fp32, untuned)."""
-    monkeypatch.setenv(PATH_ENV, "streamk")
-    monkeypatch.setattr(streamk_module, "interpreter_config", streamk_module.INTERPRETER_CONFIGS[name])
-    monkeypatch.setattr(streamk_module, "CUDA_CONFIGS", [STREAMK_CUDA[name]])
-    monkeypatch.setattr(streamk_module, "_BEST", {})
-
 
 @pytest.fixture(params=[("tma", name) for name in sorted(tma_module.INTERPRETER_CONFIGS)]
                 + [("streamk", name) for name in sorted(streamk_module.INTERPRETER_CONFIGS)],
                 ids=lambda param: "-".join(param))
-def hopper_kernel(request, monkeypatch):
-    """Force one of the two TMA paths with one config shape; returns the path name. tma: the autotuner runs
-    that config only; streamk: data-parallel tiles, whole tail tiles, tail tiles split over 2-3 programs and
-    (balanced) ranges running on into the next tile."""
+def hopper_kernel(request):
+    """Force one of the two TMA paths with one config shape; returns the path name. tma: that config only;
+    streamk: data-parallel tiles, whole tail tiles, tail tiles split over 2-3 programs and (balanced) ranges
+    running on into the next tile."""
     path, name = request.param
-    if path == "tma":
-        monkeypatch.setenv(PATH_ENV, "tma")
-        monkeypatch.setattr(tma_module._fused_qkv_rope_cache_tma_kernel, "configs",
-                            [tma_module.INTERPRETER_CONFIGS[name]])
-    else:
-        force_streamk(monkeypatch, name)
-    return path
+    with forced(path, name):
+        yield path
 
 
 @pytest.fixture(params=sorted(streamk_module.INTERPRETER_CONFIGS))
-def streamk_config(request, monkeypatch):
-    force_streamk(monkeypatch, request.param)
-    return request.param
+def streamk_config(request):
+    with forced("streamk", request.param):
+        yield request.param
 
 
 @needs_tma
@@ -204,8 +344,8 @@ def test_tma_matches_reference_fp32(hopper_kernel, n_heads, n_kv_heads, bias, d_
     layer = Layer(n_heads, n_kv_heads, head_dim=128, d_model=d_model, bias=bias, dtype=torch.float32)
     n_cache_rows = 2 * n_tokens + 7
     x, positions, cache_rows = tokens(n_tokens, d_model, torch.float32, n_cache_rows)
-    assert fused_qkv_path(x, layer.w, 128) == hopper_kernel
     compare(layer, x, positions, cache_rows, n_cache_rows, fill=float("nan"))
+    assert fused_qkv_choice(fused_qkv_problem_key(x, layer.w, bias, n_heads)).path == hopper_kernel
 
 
 @needs_tma
@@ -239,13 +379,12 @@ def test_streamk_reads_only_partials_of_this_launch(streamk_config, n_heads, n_k
     x, positions, cache_rows = tokens(n_tokens, d_model, torch.float32, n_cache_rows=12)
     k1, v1 = layer.caches(12)
     q1 = layer.run(x, positions, cache_rows, k1, v1, "triton")
-    for workspace in streamk_module._WORKSPACES.values():
-        workspace.fill_(float("nan"))
+    buffers = streamk_module.streamk_buffers(x.device)
+    buffers.workspace.fill_(float("nan"))
     k2, v2 = layer.caches(12)
     q2 = layer.run(x, positions, cache_rows, k2, v2, "triton")
-    for first, second in ((q1, q2), (k1, k2), (v1, v2)):
-        assert torch.equal(first.view(torch.int32), second.view(torch.int32))
-    assert all(int(arrivals.abs().sum()) == 0 for arrivals in streamk_module._ARRIVALS.values())
+    assert same_bits((q1, q2), (k1, k2), (v1, v2))
+    assert int(buffers.arrivals.abs().sum()) == 0
 
 
 def tail_pieces(plan):
@@ -322,57 +461,47 @@ def test_streamk_interpreter_problems_split_and_straddle():
             "straddle-one_head_balanced"} <= seen
 
 
-def test_path_selection(monkeypatch):
-    """auto: pointer on CPU / under the interpreter; the override is honoured, or refused with a reason."""
+def test_path_requests_and_what_each_may_run():
+    """auto: pointer on CPU tensors / under the interpreter; a forced TMA path runs, or is refused with a reason.
+    FLASH_DLLM_FUSED_QKV_PATH is parsed from a given environment (ops read os.environ once, when built)."""
     w = torch.zeros(6 * 128, 64)
     x = torch.zeros(5, 64)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read per call; also on a GPU run of this file
-    monkeypatch.delenv(PATH_ENV, raising=False)
-    assert fused_qkv_path(x, w, 128) == "pointer"
-    monkeypatch.setenv(PATH_ENV, "auto")
-    assert fused_qkv_path(x, w, 128) == "pointer"
-    monkeypatch.setenv(PATH_ENV, "pointer")
-    assert fused_qkv_path(x, w, 128) == "pointer"
-    monkeypatch.setenv(PATH_ENV, "cublas")
+    assert read_path_request({}) == read_path_request({PATH_ENV: " "}) == "auto"
+    assert read_path_request({PATH_ENV: " TMA "}) == "tma"
     with pytest.raises(ValueError, match=f"{PATH_ENV}='cublas'.*auto, pointer, tma, streamk"):
-        fused_qkv_path(x, w, 128)
-    if not tma_module.tma_available():
+        read_path_request({PATH_ENV: "cublas"})
+    for interpreter in (True, False):
+        assert fused_qkv_paths("auto", x, w, 128, interpreter) == ("pointer",)
+        assert fused_qkv_paths("pointer", x, w, 128, interpreter) == ("pointer",)
+    if not tma_available():
         return
-    monkeypatch.setenv(PATH_ENV, " TMA ")
-    assert fused_qkv_path(x, w, 128) == "tma"  # the interpreter runs tensor descriptors
-    monkeypatch.setenv(PATH_ENV, "streamk")
-    assert fused_qkv_path(x, w, 128) == "streamk"
+    assert fused_qkv_paths("tma", x, w, 128, interpreter=True) == ("tma",)  # the interpreter runs descriptors
+    assert fused_qkv_paths("streamk", x, w, 128, interpreter=True) == ("streamk",)
+    assert fused_qkv_paths("auto", x, w, 128, True, auto_paths=KERNEL_PATHS) == KERNEL_PATHS
+    narrow = torch.zeros(6 * 64, 64)
+    assert fused_qkv_paths("auto", x, narrow, 64, True, auto_paths=KERNEL_PATHS) == ("pointer",)
     with pytest.raises(ValueError, match="head dim 128"):
-        fused_qkv_path(x, torch.zeros(6 * 64, 64), 64)
+        fused_qkv_paths("tma", x, narrow, 64, interpreter=True)
     with pytest.raises(ValueError, match="contiguous"):
-        fused_qkv_path(torch.zeros(64, 5).T, w, 128)
+        fused_qkv_paths("tma", torch.zeros(64, 5).T, w, 128, interpreter=True)
     with pytest.raises(ValueError, match="16-byte"):
-        fused_qkv_path(torch.zeros(5, 58), torch.zeros(6 * 128, 58), 128)  # 232-byte rows
-    monkeypatch.setenv("TRITON_INTERPRET", "0")  # compiled Triton on CPU tensors: no TMA
-    with pytest.raises(ValueError, match="streamk, but x is on cpu, not a CUDA device"):
-        fused_qkv_path(x, w, 128)
-    monkeypatch.setenv(PATH_ENV, "auto")
-    assert fused_qkv_path(x, w, 128) == "pointer"
+        fused_qkv_paths("tma", torch.zeros(5, 58), torch.zeros(6 * 128, 58), 128, interpreter=True)  # 232-byte rows
+    with pytest.raises(ValueError, match="streamk requested .*, but x is on cpu, not a CUDA device"):
+        fused_qkv_paths("streamk", x, w, 128, interpreter=False)  # compiled Triton on CPU tensors: no TMA
 
 
 # ---- full model geometry (GPU only) ------------------------------------------------------------------------
 
-MODELS = {  # n_heads, n_kv_heads, head_dim, d_model, bias, rope theta
-    "llada-8b": (32, 32, 128, 4096, False, 5e5),
-    "dream-7b": (28, 4, 128, 3584, True, 1e6),
-}
-
-
 @needs_gpu
 @pytest.mark.parametrize("n_tokens", [1, 17, 128, 1000, 4096])
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_full_layer_bf16(model, n_tokens, monkeypatch):
-    monkeypatch.setenv(PATH_ENV, "pointer")  # the TMA kernel has its own full-layer test below
+def test_full_layer_bf16(model, n_tokens):
     n_heads, n_kv_heads, head_dim, d_model, bias, theta = MODELS[model]
     layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, torch.bfloat16, theta)
     n_cache_rows = 2 * 4096 + 128
     x, positions, cache_rows = tokens(n_tokens, d_model, torch.bfloat16, n_cache_rows)
-    compare(layer, x, positions, cache_rows, n_cache_rows, fill=float("nan"))
+    with forced_fused_qkv(path="pointer"):  # the TMA kernels have their own full-layer test below
+        compare(layer, x, positions, cache_rows, n_cache_rows, fill=float("nan"))
 
 
 @needs_gpu
@@ -387,7 +516,7 @@ def test_full_layer_other_dtypes(dtype):
 
 def compiled_variants(kernel) -> int:
     fn = kernel
-    while not hasattr(fn, "device_caches"):  # autotuner/heuristics wrappers hold the JITFunction in .fn
+    while not hasattr(fn, "device_caches"):  # wrappers hold the JITFunction in .fn
         fn = fn.fn
     return sum(len(entry[0]) for entry in fn.device_caches.values())
 
@@ -397,7 +526,7 @@ def assert_token_count_does_not_recompile(kernel):
     layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, torch.bfloat16, theta)
     k_cache, v_cache = layer.caches(512)
     counts = []
-    for n_tokens in (70, 97, 128, 101):  # one autotune bucket, four token counts
+    for n_tokens in (70, 97, 128, 101):  # one token bucket, four token counts
         x, positions, cache_rows = tokens(n_tokens, d_model, torch.bfloat16, 512)
         layer.run(x, positions, cache_rows, k_cache, v_cache, "triton")
         counts.append(compiled_variants(kernel))
@@ -405,17 +534,15 @@ def assert_token_count_does_not_recompile(kernel):
 
 
 @needs_gpu
-def test_token_count_does_not_recompile(monkeypatch):
-    from flash_dllm.kernels._fused_qkv_rope_cache_triton import _fused_qkv_rope_cache_kernel
-
-    monkeypatch.setenv(PATH_ENV, "pointer")
-    assert_token_count_does_not_recompile(_fused_qkv_rope_cache_kernel)
+def test_token_count_does_not_recompile():
+    with forced_fused_qkv(path="pointer"):
+        assert_token_count_does_not_recompile(pointer_module._fused_qkv_pointer_kernel)
 
 
 @needs_hopper
-def test_tma_token_count_does_not_recompile(monkeypatch):
-    monkeypatch.setenv(PATH_ENV, "tma")
-    assert_token_count_does_not_recompile(tma_module._fused_qkv_rope_cache_tma_kernel)
+def test_tma_token_count_does_not_recompile():
+    with forced_fused_qkv(path="tma"):
+        assert_token_count_does_not_recompile(tma_module._fused_qkv_tma_kernel)
 
 
 @needs_hopper
@@ -423,71 +550,100 @@ def test_tma_token_count_does_not_recompile(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("n_tokens", [1, 7, 128, 1000, 4096])
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_tma_full_layer(model, n_tokens, dtype, path, monkeypatch):
+def test_tma_full_layer(model, n_tokens, dtype, path):
     """Both Hopper schedules at LLaDA-8B (MHA) and Dream-7B (GQA, bias) geometry, NaN-poisoned caches."""
     n_heads, n_kv_heads, head_dim, d_model, bias, theta = MODELS[model]
     layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, dtype, theta)
     n_cache_rows = 2 * 4096 + 128
     x, positions, cache_rows = tokens(n_tokens, d_model, dtype, n_cache_rows)
-    monkeypatch.setenv(PATH_ENV, path)
-    compare(layer, x, positions, cache_rows, n_cache_rows, fill=float("nan"))
+    with forced_fused_qkv(path=path):
+        compare(layer, x, positions, cache_rows, n_cache_rows, fill=float("nan"))
 
 
 @needs_hopper
 @pytest.mark.parametrize("config", streamk_module.CUDA_CONFIGS, ids=str)
 @pytest.mark.parametrize("model,n_tokens", [("dream-7b", 128), ("dream-7b", 1000), ("llada-8b", 4096)])
-def test_streamk_every_cuda_config_is_exact_and_reproducible(model, n_tokens, config, monkeypatch):
+def test_streamk_every_cuda_config_is_exact_and_reproducible(model, n_tokens, config):
     """Each stream-K config the tuner may pick (aligned and balanced tails) matches the reference at full layer
     shapes, and three launches give the same bits: the last contributor of a split tile differs from run to
     run on a GPU, the sum order does not."""
     n_heads, n_kv_heads, head_dim, d_model, bias, theta = MODELS[model]
     layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, torch.bfloat16, theta)
     x, positions, cache_rows = tokens(n_tokens, d_model, torch.bfloat16, 2 * 4096)
-    monkeypatch.setenv(PATH_ENV, "streamk")
-    monkeypatch.setattr(streamk_module, "CUDA_CONFIGS", [config])
-    monkeypatch.setattr(streamk_module, "_BEST", {})
-    compare(layer, x, positions, cache_rows, 2 * 4096, fill=float("nan"))
-    runs = []
-    for _ in range(3):
-        k_cache, v_cache = layer.caches(2 * 4096)
-        runs.append((layer.run(x, positions, cache_rows, k_cache, v_cache, "triton"), k_cache, v_cache))
+    with forced_fused_qkv(path="streamk", streamk_configs=[config]):
+        compare(layer, x, positions, cache_rows, 2 * 4096, fill=float("nan"))
+        runs = []
+        for _ in range(3):
+            k_cache, v_cache = layer.caches(2 * 4096)
+            runs.append((layer.run(x, positions, cache_rows, k_cache, v_cache, "triton"), k_cache, v_cache))
     for later in runs[1:]:
-        assert all(torch.equal(a, b) for a, b in zip(runs[0], later))
-    assert all(int(arrivals.abs().sum()) == 0 for arrivals in streamk_module._ARRIVALS.values())
+        assert same_bits(*zip(runs[0], later))
+    assert int(streamk_module.streamk_buffers(x.device).arrivals.abs().sum()) == 0
 
 
 @needs_hopper
 @pytest.mark.parametrize("n_tokens", [128, 1000])
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_auto_path_measures_and_keeps_its_choice(model, n_tokens, monkeypatch):
-    """auto times the three kernels on the first call of a problem, then runs the chosen one."""
+def test_auto_path_measures_and_keeps_its_choice(model, n_tokens):
+    """auto times the three kernels on the first call of a problem (a forced measure: choices of its own),
+    binds the fastest, and measures nothing on the next call."""
     n_heads, n_kv_heads, head_dim, d_model, bias, theta = MODELS[model]
     layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, torch.bfloat16, theta)
     x, positions, cache_rows = tokens(n_tokens, d_model, torch.bfloat16, 2 * 4096)
-    monkeypatch.delenv(PATH_ENV, raising=False)
-    monkeypatch.setattr(dispatch, "_MEASURED", {})
-    compare(layer, x, positions, cache_rows, 2 * 4096)
-    key = dispatch.problem_key(x, layer.w, bias, n_heads)
-    assert dispatch._MEASURED[key] in dispatch.AUTO_CANDIDATES
-    assert fused_qkv_path(x, layer.w, head_dim, key) == dispatch._MEASURED[key]
+    op = FusedQKVRopeCache("triton", n_heads, n_kv_heads)
+    with forced_fused_qkv(auto_paths=KERNEL_PATHS, measure=lambda fn: gpu_time_ms(fn)):
+        before = fused_qkv_counters()
+        compare(layer, x, positions, cache_rows, 2 * 4096, run=lambda *args: layer.call(op, *args))
+        measured = fused_qkv_counters()
+        assert measured.measurements > before.measurements + len(KERNEL_PATHS)  # configs, then paths
+        choice = fused_qkv_choice(fused_qkv_problem_key(x, layer.w, bias, n_heads))
+        assert choice.path in KERNEL_PATHS and op.bound_choice(x, layer.w, layer.b) == choice
+        compare(layer, x, positions, cache_rows, 2 * 4096, run=lambda *args: layer.call(op, *args))
+        assert fused_qkv_counters().measurements == measured.measurements
 
 
-def test_auto_path_takes_the_fastest_measured_kernel(monkeypatch):
-    """Where TMA could run, auto answers "tma" until measured, then the path that timed fastest for that key
-    (timings faked: the choice logic, not the GPU)."""
-    monkeypatch.delenv(PATH_ENV, raising=False)
-    monkeypatch.setattr(dispatch, "_tma_blocker", lambda x, w, head_dim: None)
-    monkeypatch.setattr(dispatch, "interpreting", lambda: False)
-    monkeypatch.setattr(dispatch, "_MEASURED", {})
-    fake_ms = {"pointer": 3.0, "tma": 2.0, "streamk": 1.0}
-    ran = []
-    monkeypatch.setattr(dispatch, "gpu_time_ms", lambda fn: fn() or fake_ms[ran[-1]])
-    x = torch.zeros(100, 8, dtype=torch.bfloat16)
-    w = torch.zeros(36 * 128, 8, dtype=torch.bfloat16)
-    key = dispatch.problem_key(x, w, True, 28)
-    assert dispatch.fused_qkv_path(x, w, 128, key) == "tma"
-    assert dispatch._measure_auto(key, ran.append) == "streamk"
-    assert ran == ["pointer", "tma", "streamk"]
-    assert dispatch.fused_qkv_path(x, w, 128, key) == "streamk"
-    other = dispatch.problem_key(torch.zeros(300, 8, dtype=torch.bfloat16), w, True, 28)  # another bucket
-    assert other != key and dispatch.fused_qkv_path(x, w, 128, other) == "tma"
+@needs_gpu
+@pytest.mark.parametrize("path", ["pointer", "tma", "streamk", "auto"])
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_cuda_graph_replays_match_eager_calls(model, path):
+    """One eager call binds; a captured call then binds, tunes and builds nothing, and replays with new x /
+    positions / cache_rows contents copied into the captured buffers give the eager call's bits."""
+    if path in ("tma", "streamk") and not (HOPPER and tma_available()):
+        pytest.skip("the TMA paths need compute capability >= 9")
+    n_heads, n_kv_heads, head_dim, d_model, bias, theta = MODELS[model]
+    layer = Layer(n_heads, n_kv_heads, head_dim, d_model, bias, torch.bfloat16, theta)
+    n_cache_rows = 1024
+    x, positions, cache_rows = tokens(128, d_model, torch.bfloat16, n_cache_rows)
+    k_cache, v_cache = layer.caches(n_cache_rows)
+    op = FusedQKVRopeCache("triton", n_heads, n_kv_heads)
+    with forced_fused_qkv(path=None if path == "auto" else path):
+        layer.call(op, x, positions, cache_rows, k_cache, v_cache)
+        torch.cuda.synchronize()
+        before = fused_qkv_counters()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            q_graph = layer.call(op, x, positions, cache_rows, k_cache, v_cache)
+        assert fused_qkv_counters() == before
+        for seed in (5, 6):
+            x_new, positions_new, rows_new = tokens(128, d_model, torch.bfloat16, n_cache_rows, seed=seed)
+            k_eager, v_eager = k_cache.clone(), v_cache.clone()
+            q_eager = layer.call(op, x_new, positions_new, rows_new, k_eager, v_eager)
+            x.copy_(x_new)
+            positions.copy_(positions_new)
+            cache_rows.copy_(rows_new)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert same_bits((q_graph, q_eager), (k_cache, k_eager), (v_cache, v_eager))
+        assert path == "auto" or op.bound_choice(x, layer.w, layer.b).path == path
+
+
+@needs_gpu
+def test_a_first_call_inside_cuda_graph_capture_refuses_to_tune():
+    layer = Layer(4, 2, head_dim=128, d_model=256, bias=True, dtype=torch.bfloat16)
+    x, positions, cache_rows = tokens(16, 256, torch.bfloat16, n_cache_rows=64)
+    k_cache, v_cache = layer.caches(64)
+    op = FusedQKVRopeCache("triton", 4, 2)
+    with forced_fused_qkv(path="pointer", measure=lambda fn: gpu_time_ms(fn)):  # choices of its own: none yet
+        with pytest.raises(RuntimeError, match="call the op once eagerly"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                layer.call(op, x, positions, cache_rows, k_cache, v_cache)

@@ -25,18 +25,15 @@ K and V still never exist as activation tensors; only partial sums pass through 
 from __future__ import annotations
 
 import functools
-import warnings
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.errors import OutOfResources
 
-from . import gpu_time_ms, interpreting
-from ._fused_qkv_rope_cache_tma import (TMA_HEAD_DIM, TensorDescriptor, epilogue, head_halves, wide_epilogue,
-                                        wide_mainloop)
-from ._fused_qkv_rope_cache_triton import _grouped_tile
+from . import interpreting
+from ._fused_qkv_common import (TMA_HEAD_DIM, FusedQKVProblem, dot_precision, epilogue, grouped_tile, head_halves,
+                                make_descriptor, wide_epilogue, wide_mainloop)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "n_full", "tail_tiles", "tail_programs", "iters"])
@@ -56,7 +53,7 @@ def _fused_qkv_streamk_kernel(
            n_heads, n_kv_heads, n_qkv_heads, stride_cos, stride_sin, stride_q, stride_kc, stride_vc)
 
     for tile in range(pid, n_full, n_programs):  # data-parallel waves
-        pid_m, pid_n = _grouped_tile(tile, n_tokens, n_col_tiles, BLOCK_M, 1, GROUP_M)
+        pid_m, pid_n = grouped_tile(tile, n_tokens, n_col_tiles, BLOCK_M, 1, GROUP_M)
         acc = wide_mainloop(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, d_model, UPCAST, DOT_PRECISION,
                             BLOCK_M, BLOCK_N, BLOCK_K)
         wide_epilogue(acc, pid_n * HEADS, pid_m * BLOCK_M, ctx, HEAD_DIM, HAS_BIAS, BLOCK_M, HEADS)
@@ -70,7 +67,7 @@ def _fused_qkv_streamk_kernel(
             tile = step // iters
             tile_begin = tile * iters
             piece_end = tl.minimum(end - tile_begin, iters)  # K steps within the tile
-            pid_m, pid_n = _grouped_tile(n_full + tile, n_tokens, n_col_tiles, BLOCK_M, 1, GROUP_M)
+            pid_m, pid_n = grouped_tile(n_full + tile, n_tokens, n_col_tiles, BLOCK_M, 1, GROUP_M)
             acc = wide_mainloop(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (step - tile_begin) * BLOCK_K,
                                 piece_end * BLOCK_K, UPCAST, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
             first = _range_owner(tile_begin, work, tail_programs)
@@ -188,16 +185,18 @@ class StreamKConfig:
 # (one compiled kernel: the tail split is a runtime argument).
 _CUDA_SHAPES = ((128, 1, 64, 5, 4), (128, 1, 64, 4, 4), (128, 1, 128, 3, 4), (64, 1, 64, 6, 4), (128, 2, 64, 4, 8),
                 (128, 2, 64, 3, 8), (128, 1, 64, 5, 8), (128, 1, 64, 4, 8), (64, 1, 32, 3, 4), (128, 2, 32, 2, 8))
-CUDA_CONFIGS = [StreamKConfig(*shape, balanced) for shape in _CUDA_SHAPES for balanced in (False, True)]
+CUDA_CONFIGS = tuple(StreamKConfig(*shape, balanced) for shape in _CUDA_SHAPES for balanced in (False, True))
 # Interpreter: few, small tiles and a prime number of "SMs", so the tests' small problems have data-parallel
 # tiles, whole tail tiles, tiles split 2 or 3 ways, and (balanced) ranges that run from one tile into the next.
+# The default runs "one_head"; tests force the others (forced_fused_qkv(streamk_configs=...)).
 INTERPRETER_CONFIGS = {"one_head": StreamKConfig(16, 1, 32, 1, 4), "two_heads": StreamKConfig(16, 2, 16, 1, 4),
                        "one_head_balanced": StreamKConfig(16, 1, 16, 1, 4, balanced=True)}
-interpreter_config = INTERPRETER_CONFIGS["one_head"]  # tests swap in the others
 INTERPRETER_PROGRAMS = 7
 
-_WORKSPACES: dict = {}  # device -> fp32 partial sums (grown, never shrunk)
-_ARRIVALS: dict = {}  # device -> int32 arrival counter per tail tile (zero between launches)
+
+def default_configs(bucket: int) -> tuple[StreamKConfig, ...]:
+    """What the tuner tries (every bucket: the tail split adapts the shapes to the token count)."""
+    return (INTERPRETER_CONFIGS["one_head"],) if interpreting() else CUDA_CONFIGS
 
 
 @functools.lru_cache(maxsize=None)
@@ -211,74 +210,70 @@ def n_programs_for(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _buffers(device: torch.device, n_elems: int, n_programs: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cached workspace (at least n_elems fp32; no zeros needed: a contributor reads only slots written by
-    this launch) and arrival counters (n_programs int32, zeroed once: every launch leaves them zero). One
-    stream per device (the engine's)."""
-    ws, arrivals = _WORKSPACES.get(device), _ARRIVALS.get(device)
-    if ws is None or ws.numel() < n_elems or arrivals is None or arrivals.numel() < n_programs:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("the fused QKV stream-K buffers would grow inside CUDA graph capture: run the same "
-                               "call once before capturing it")
-        if ws is None or ws.numel() < n_elems:
-            ws = _WORKSPACES[device] = torch.empty(max(n_elems, 1), dtype=torch.float32, device=device)
-        if arrivals is None or arrivals.numel() < n_programs:
-            arrivals = _ARRIVALS[device] = torch.zeros(n_programs, dtype=torch.int32, device=device)
-    return ws, arrivals
+@dataclass(frozen=True)
+class StreamKBuffers:
+    workspace: torch.Tensor  # fp32 partial sums; no zeros needed: a contributor reads only slots of its launch
+    arrivals: torch.Tensor  # int32 arrival counter per tail tile, zeroed once: every launch leaves them zero
 
 
-def launch_streamk(x, w_qkv, b_qkv, cos, sin, positions, cache_rows, q, k_cache, v_cache, n_heads, n_kv_heads,
-                   config: StreamKConfig):
-    """Run the stream-K kernel (inputs already checked by the dispatcher)."""
-    n_tokens, d_model = x.shape
-    n_qkv_heads = n_heads + 2 * n_kv_heads
-    block_m, heads, block_k = config.block_m, config.heads, config.block_k
-    block_n = heads * TMA_HEAD_DIM
-    n_programs = n_programs_for(x.device)
-    n_tiles = triton.cdiv(n_tokens, block_m) * triton.cdiv(n_qkv_heads, heads)
-    plan = schedule(n_tiles, n_programs, d_model, block_k, config.balanced)
-    ws, arrivals = _buffers(x.device, 2 * max(plan.tail_programs, 1) * block_m * block_n, n_programs)
-    x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
-    w_desc = TensorDescriptor.from_tensor(w_qkv, [block_n, block_k])
-    _fused_qkv_streamk_kernel[(n_programs,)](
-        x_desc, w_desc, ws, arrivals, b_qkv if b_qkv is not None else w_qkv, cos, sin, positions, cache_rows, q,
-        k_cache, v_cache, n_tokens, d_model, n_heads, n_kv_heads, n_qkv_heads,
-        plan.n_full, plan.tail_tiles, plan.tail_programs, plan.iters,
-        cos.stride(0), sin.stride(0), q.stride(0), k_cache.stride(0), v_cache.stride(0),
-        HEAD_DIM=TMA_HEAD_DIM, HAS_BIAS=b_qkv is not None, UPCAST=interpreting(),
-        DOT_PRECISION="ieee" if x.dtype.itemsize == 4 else "tf32",
-        **config.meta, num_stages=config.stages, num_warps=config.warps,
-    )
-    return q
+_BUFFERS: dict = {}  # device -> StreamKBuffers (grown, never shrunk; one stream per device: the engine's)
 
 
-_BEST: dict = {}
+def streamk_buffers(device: torch.device) -> StreamKBuffers | None:
+    """The device's current workspace and arrival counters (None before the first stream-K launcher)."""
+    return _BUFFERS.get(torch.device(device))
 
 
-def streamk_config(key: tuple, run) -> StreamKConfig:
-    """The stream-K config for this problem key: under the interpreter `interpreter_config`; on a GPU the
-    fastest of CUDA_CONFIGS (run(config) launches it), timed once per key."""
-    if interpreting():
-        return interpreter_config
-    best = _BEST.get(key)
-    if best is None:
-        if torch.cuda.is_current_stream_capturing():
-            return CUDA_CONFIGS[0]  # no timing inside a capture; an eager call first picks the best
-        times = {}
-        for config in CUDA_CONFIGS:
-            try:
-                times[config] = gpu_time_ms(lambda: run(config))
-            except OutOfResources:  # shared memory: fp32 inputs, or a smaller Hopper part
-                continue
-            except RuntimeError as exc:  # a Triton compiler failure on this shape: try the others
-                warnings.warn(f"fused QKV stream-K config {config} failed to compile for {key}: {exc}")
-                continue
-        if not times:
-            raise RuntimeError(f"no stream-K config of the fused QKV kernel fits this GPU for key {key}")
-        best = _BEST[key] = min(times, key=times.get)
-    return best
+def reserve_buffers(device: torch.device, n_elems: int, n_programs: int) -> StreamKBuffers:
+    """Buffers of at least n_elems fp32 partials and n_programs counters; grown outside CUDA graph capture only
+    (a launcher keeps what it got, so a graph captured with it keeps valid memory)."""
+    buffers = _BUFFERS.get(device)
+    if buffers is not None and buffers.workspace.numel() >= n_elems and buffers.arrivals.numel() >= n_programs:
+        return buffers
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("the fused QKV stream-K buffers would grow inside CUDA graph capture: run the same "
+                           "call once before capturing it")
+    workspace, arrivals = (buffers.workspace, buffers.arrivals) if buffers is not None else (None, None)
+    if workspace is None or workspace.numel() < n_elems:
+        workspace = torch.empty(max(n_elems, 1), dtype=torch.float32, device=device)
+    if arrivals is None or arrivals.numel() < n_programs:
+        arrivals = torch.zeros(n_programs, dtype=torch.int32, device=device)
+    buffers = _BUFFERS[device] = StreamKBuffers(workspace, arrivals)
+    return buffers
 
 
-def tuned_streamk_config(key: tuple) -> StreamKConfig | None:
-    """The config chosen for key so far (None before the first call), e.g. for a benchmark's report."""
-    return interpreter_config if interpreting() else _BEST.get(key)
+class StreamKLauncher:
+    """The stream-K kernel bound to one config, one problem and one (x, w_qkv) pair: schedule, descriptors and
+    buffers fixed (x and w_qkv passed to a call are not read; the caller keys launchers on them).
+
+    The workspace is reserved for the config's worst tail (every program holding two partial slots), so any
+    token count of the bucket fits what an eager call reserved: a captured call never allocates.
+    """
+
+    path = "streamk"
+
+    def __init__(self, config: StreamKConfig, problem: FusedQKVProblem, x, w_qkv):
+        self.config = config
+        self.q_shape = problem.q_shape
+        block_n = config.heads * TMA_HEAD_DIM
+        n_programs = n_programs_for(problem.device)
+        n_tiles = triton.cdiv(problem.n_tokens, config.block_m) * triton.cdiv(problem.n_qkv_heads, config.heads)
+        plan = schedule(n_tiles, n_programs, problem.d_model, config.block_k, config.balanced)
+        self.buffers = reserve_buffers(problem.device, 2 * n_programs * config.block_m * block_n, n_programs)
+        self.x_desc = make_descriptor(x, [config.block_m, config.block_k])
+        self.w_desc = make_descriptor(w_qkv, [block_n, config.block_k])
+        self.grid = (n_programs,)
+        self.sizes = (problem.n_tokens, problem.d_model, problem.n_heads, problem.n_kv_heads, problem.n_qkv_heads,
+                      plan.n_full, plan.tail_tiles, plan.tail_programs, plan.iters)
+        self.meta = {**config.meta, "HEAD_DIM": TMA_HEAD_DIM, "HAS_BIAS": problem.has_bias, "UPCAST": interpreting(),
+                     "DOT_PRECISION": dot_precision(problem.dtype), "num_stages": config.stages,
+                     "num_warps": config.warps}
+
+    def __call__(self, x, w_qkv, b_qkv, cos, sin, positions, cache_rows, q, k_cache, v_cache) -> None:
+        _fused_qkv_streamk_kernel[self.grid](
+            self.x_desc, self.w_desc, self.buffers.workspace, self.buffers.arrivals,
+            b_qkv if b_qkv is not None else w_qkv, cos, sin, positions, cache_rows, q, k_cache, v_cache,
+            *self.sizes,
+            cos.stride(0), sin.stride(0), q.stride(0), k_cache.stride(0), v_cache.stride(0),
+            **self.meta,
+        )
