@@ -17,14 +17,11 @@ import gradio as gr
 from flash_dllm.app.canvas import empty_canvas_html
 from flash_dllm.app.chats import export_file
 from flash_dllm.app.export import export_gif, export_html
-from flash_dllm.app.live import stats_table
 from flash_dllm.app.models import ModelError
 from flash_dllm.app.presets import DEFAULT_PRESET, KNOB_RANGES, KNOBS, PRESETS, default_knobs, preset_values
 from flash_dllm.app.turns import OUTPUTS, AppContext, chat_choices, chat_messages, chat_turn, note
-from flash_dllm.engine import hub
-from flash_dllm.engine.engine import Engine
-from flash_dllm.engine.metrics import format_bytes, memory_snapshot, stats_rows
-from flash_dllm.engine.settings import GenerationSettings
+from flash_dllm.app.stats import format_bytes, stats_rows, stats_table
+from flash_dllm.engine import METHODS, GenerationSettings, hub, memory_snapshot
 
 PRESET_KNOBS = ("block_length", "steps", "threshold", "gamma", "window", "lookahead", "track")
 
@@ -63,7 +60,7 @@ def progress_html(done: int, total: int, label: str) -> str:
 
 
 def build_ui(ctx: AppContext) -> gr.Blocks:
-    methods = Engine.methods()
+    methods = METHODS
     knobs0 = k0 = default_knobs()
     default_method = GenerationSettings().method
     default_b = "llada" if "llada" in methods else default_method
@@ -289,7 +286,7 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
             except ModelError as err:
                 yield after_load(note(str(err), "error"))
                 return
-            ok, fit = hub.fit_check(size, ctx.host.target_device(), ctx.host.dtype)
+            ok, fit = hub.fit_check(size, ctx.host.target_device(), ctx.host.options.dtype)
             if not ok and ctx.host.engine is None:
                 yield after_load(note(f"{repo_id} {fit}", "error"))
                 return

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flash_dllm.engine import decode_cached
-from flash_dllm.engine.chat import load_tokenizer
+from flash_dllm.engine.tokenizer import load_tokenizer
 from flash_dllm.engine.decode_common import DecodeContext
 from flash_dllm.engine.decode_full import run_full
 from flash_dllm.engine.engine import Engine
