@@ -260,6 +260,13 @@ def test_the_engine_gets_plain_string_messages_from_a_chat():
                                    {"role": "assistant", "content": "Hi"}]
 
 
+def test_a_model_switch_loads_with_the_launch_options(tiny_dream):
+    """The launcher's --device/--dtype/--kernels/--no-graphs reach every model the page loads."""
+    host = ModelHost(options=LoadOptions(device="cpu", dtype="fp32", kernels="torch", graphs=False))
+    engine = host.switch(str(tiny_dream))
+    assert engine.graphs is False and engine.describe()["dtype"] == "float32" and engine.kernels == "torch"
+
+
 def test_auth_and_share_messages(tmp_path):
     assert parse_auth("ann:secret") == [("ann", "secret")]
     users = tmp_path / "users.txt"
