@@ -73,6 +73,20 @@ def test_load_names_the_setting_not_a_flag(tiny_llada, option, value, needle):
     assert needle in str(refused.value) and "--" not in str(refused.value)
 
 
+def test_auto_on_a_gpu_is_bf16_triton_kernels_and_graphs(tiny_llada):
+    """GPU machines only: the defaults Engine.load decides when nothing is asked."""
+    from flash_dllm.engine import Engine, GenerationSettings, pick_device
+
+    if pick_device("auto").type != "cuda":
+        pytest.skip("needs a CUDA device")
+    engine = Engine.load(str(tiny_llada))
+    info = engine.describe()
+    assert (info["dtype"], info["kernels"], info["graphs"]) == ("bfloat16", "triton", True)
+    assert info["device"].startswith("cuda")
+    (result,) = engine.generate(["Hello"], GenerationSettings(gen_length=32, block_length=16))
+    assert result.kernels == "triton" and result.steps >= 1
+
+
 def test_the_exports_resolve_lazily_and_completely():
     code = ("import sys, flash_dllm.engine as e\n"
             "print(sorted(m for m in ('torch', 'transformers', 'gradio') if m in sys.modules))\n"
