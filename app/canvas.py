@@ -16,9 +16,9 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from flash_dllm.engine.events import CanvasStart, StepEvent
+from flash_dllm.engine import COMMITTED, MASKED, PADDING, CanvasStart, StepEvent
 
-MASKED, COMMITTED, PADDING = "m", "c", "p"
+CELL_CLASS = {MASKED: "m", COMMITTED: "c", PADDING: "p"}  # a cell state's class in assets/canvas.css
 _VISIBLE = {"\n": "↵", "\t": "⇥", "\r": "␍", " ": "␣"}
 
 
@@ -148,7 +148,7 @@ class Canvas:
     # ------------------------------------------------------------------ rendering
     def cell_fragment(self, cell: int) -> str:
         state = self.state[cell]
-        classes = ["k", state]
+        classes = ["k", CELL_CLASS[state]]
         if cell % self.block_length == 0 and cell:
             classes.append("b")
         if cell in self.window:

@@ -29,12 +29,21 @@ class Chat:
     messages: list[dict] = field(default_factory=list)
 
     def conversation(self) -> list[dict]:
-        """Messages for the engine: the system prompt first (if any), then the turns."""
+        """Messages for the engine, as {"role", "content": str}: the system prompt first (if any), then the
+        turns."""
         head = [{"role": "system", "content": self.system}] if self.system.strip() else []
-        return head + [{"role": m["role"], "content": m["content"]} for m in self.messages]
+        return head + [{"role": m["role"], "content": message_text(m["content"])} for m in self.messages]
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def message_text(content) -> str:
+    """A message's text: a string as is; Gradio 6 content parts ([{"type": "text", "text": ...}, ...]) joined,
+    so the engine only ever sees plain strings."""
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return str(content)
 
 
 def title_from(text: str) -> str:

@@ -10,14 +10,32 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 SUBCOMMANDS = ("generate", "pull", "models", "train-tiny")
 EXIT_USAGE = 2
+NO_GRAPHS_HELP = "run each decode step eagerly instead of replaying it as a CUDA graph"
+
+
+# The flag behind each engine setting, by the name an engine error message starts with ("gen length must be",
+# "unknown dtype", "kernel backend 'triton' needs"): engine messages name settings, the CLI adds its flag.
+SETTING_FLAGS = {"kernel backend": "--kernels", **{flag[2:].replace("-", " "): flag for flag in (
+    "--method", "--gen-length", "--block-length", "--steps", "--threshold", "--temperature", "--cfg-scale", "--seed",
+    "--window", "--lookahead", "--track", "--gamma", "--acceptance", "--cache-mode", "--device", "--dtype")}}
 
 
 class CliError(Exception):
     """A mistake in the command line or its inputs, reported as one line."""
+
+
+def with_flag(message: str) -> str:
+    """An engine setting error as argparse words its own: ``argument --gen-length: gen length must be ...``."""
+    setting = message.removeprefix("unknown ")
+    for name in sorted(SETTING_FLAGS, key=len, reverse=True):
+        if setting.startswith(name + " "):
+            return f"argument {SETTING_FLAGS[name]}: {message}"
+    return message
 
 
 class Parser(argparse.ArgumentParser):
@@ -27,7 +45,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
-    from flash_dllm.engine.settings import ACCEPTANCE_RULES, CACHE_MODES, METHODS, GenerationSettings
+    from flash_dllm.engine import ACCEPTANCE_RULES, CACHE_MODES, METHODS, GenerationSettings
 
     d = GenerationSettings()
     p.add_argument("--model", help="Hugging Face repo id (org/name) or model folder; default: the last model used, "
@@ -55,7 +73,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="cuda, cuda:N, cpu or auto (default auto)")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
                    help="weights dtype (default: bf16 on GPU, fp32 on CPU)")
-    p.add_argument("--kernels", choices=["triton", "torch"], help="kernel path (default: triton on GPU, torch on CPU)")
+    p.add_argument("--kernels", choices=["triton", "torch"],
+                   help="kernel backend (default: triton on GPU, torch on CPU)")
+    p.add_argument("--no-graphs", action="store_true", help=NO_GRAPHS_HELP)
     p.add_argument("--no-chat-template", action="store_true", help="feed the raw prompt (base models)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -86,20 +106,18 @@ def read_prompts(args) -> list[str]:
         if not prompts:
             raise CliError(f"--batch-file {args.batch_file} holds no prompt (one prompt per line)")
         return prompts
-    text = args.prompt_text
-    if text is not None and (args.prompt is not None or args.batch_file is not None):
+    if args.prompt_text is not None and args.prompt is not None:
         raise CliError("give the prompt once: as PROMPT, --prompt TEXT or --batch-file FILE")
-    if text is not None:
-        args.prompt = text
-    if args.prompt is None:
+    prompt = args.prompt if args.prompt is not None else args.prompt_text
+    if prompt is None:
         raise CliError("give --prompt TEXT or --batch-file FILE")
-    if not args.prompt.strip():
+    if not prompt.strip():
         raise CliError("the prompt is empty")
-    return [args.prompt]
+    return [prompt]
 
 
 def settings_from(args):
-    from flash_dllm.engine.settings import GenerationSettings
+    from flash_dllm.engine import GenerationSettings
 
     return GenerationSettings().with_overrides(
         method=args.method, gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
@@ -110,10 +128,10 @@ def settings_from(args):
 
 
 def default_model() -> str:
-    from flash_dllm.engine.hub import bundled_model_path
-    from flash_dllm.engine.paths import last_model
+    from flash_dllm.app.paths import last_model
+    from flash_dllm.engine import hub
 
-    bundled = bundled_model_path()
+    bundled = hub.bundled_model_path()
     model = last_model() or (str(bundled) if bundled else None)
     if model is None:
         raise CliError("no model given and none bundled: pass --model ORG/NAME or a model folder")
@@ -126,41 +144,55 @@ def model_reference(model: str) -> str:
     return str(path.resolve()) if path.is_dir() else model
 
 
-def stats_line(tokens: int, forwards: int, elapsed: float, method: str, kernels: str) -> str:
-    per_forward = tokens / forwards if forwards else 0.0
-    rate = tokens / elapsed if elapsed > 0 else 0.0
-    return (f"[{tokens} tokens | {forwards} forward passes | {per_forward:.2f} tokens/forward | "
-            f"{rate:.1f} tok/s | {elapsed:.2f} s | {method} | {kernels} kernels]")
+@dataclass
+class BatchSummary:
+    """A batch file's totals (the JSON of `generate --batch-file --json`); one wall clock for all prompts."""
+
+    model: str
+    method: str
+    kernels: str
+    prompts: int
+    tokens: int
+    forward_passes: int
+    elapsed_s: float
+    tokens_per_s: float
+    tokens_per_forward: float
+    results: list[dict]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
-def batch_summary(results, model: str) -> dict:
+def batch_summary(results, model: str) -> BatchSummary:
+    from flash_dllm.engine import tokens_per_forward, tokens_per_second
+
     tokens = sum(len(r.token_ids) for r in results)
     forwards = sum(r.forward_passes for r in results)
     elapsed = max(r.elapsed_s for r in results)  # one batch: every sequence shares the wall clock
-    return {
-        "model": model, "method": results[0].method, "kernels": results[0].kernels, "prompts": len(results),
-        "tokens": tokens, "forward_passes": forwards, "elapsed_s": elapsed,
-        "tokens_per_s": round(tokens / elapsed, 3) if elapsed > 0 else 0.0,
-        "tokens_per_forward": round(tokens / forwards, 3) if forwards else 0.0,
-        "results": [r.to_dict() for r in results],
-    }
+    return BatchSummary(model=model, method=results[0].method, kernels=results[0].kernels, prompts=len(results),
+                        tokens=tokens, forward_passes=forwards, elapsed_s=elapsed,
+                        tokens_per_s=round(tokens_per_second(tokens, elapsed), 3),
+                        tokens_per_forward=round(tokens_per_forward(tokens, forwards), 3),
+                        results=[r.to_dict() for r in results])
+
+
+def stats_line(tokens: int, run) -> str:
+    """One line of numbers for a GenerationResult or a BatchSummary (both carry the rates)."""
+    return (f"[{tokens} tokens | {run.forward_passes} forward passes | {run.tokens_per_forward:.2f} tokens/forward | "
+            f"{run.tokens_per_s:.1f} tok/s | {run.elapsed_s:.2f} s | {run.method} | {run.kernels} kernels]")
 
 
 def run_generate(args) -> int:
-    from flash_dllm.engine.engine import Engine, pick_device, pick_dtype
-    from flash_dllm.engine.paths import remember_model
-    from flash_dllm.engine.settings import validate
-    from flash_dllm.kernels import resolve_backend
+    from flash_dllm.app.paths import remember_model
+    from flash_dllm.engine import Engine, validate
 
     prompts = read_prompts(args)
     settings = settings_from(args)
     validate(settings)  # before loading anything: a bad setting should not cost a download
-    device = pick_device(args.device)
-    pick_dtype(None if args.dtype == "auto" else args.dtype, device)
-    resolve_backend(args.kernels, device)
     model = model_reference(args.model or default_model())
-    engine = Engine.load(model, device=args.device, dtype=None if args.dtype == "auto" else args.dtype,
-                         kernels=args.kernels)
+    # device, dtype and kernel backend are the engine's to decide and check (before any download)
+    engine = Engine.load(model, device=args.device, dtype=args.dtype, kernels=args.kernels,
+                         graphs=not args.no_graphs)
     try:
         remember_model(model)
     except OSError:
@@ -171,43 +203,42 @@ def run_generate(args) -> int:
     ]
     results = engine.generate(conversations, settings)
     if args.json:
-        doc = results[0].to_dict() if args.batch_file is None else batch_summary(results, model)
+        doc = results[0].to_dict() if args.batch_file is None else batch_summary(results, model).to_dict()
         print(json.dumps(doc, ensure_ascii=False))
         return 0
     for index, result in enumerate(results):
         if len(results) > 1:
             print(f"### {index + 1}: {prompts[index]}")
         print(result.text)
-        print(stats_line(len(result.token_ids), result.forward_passes, result.elapsed_s, result.method, result.kernels))
+        print(stats_line(len(result.token_ids), result))
     if len(results) > 1:
         summary = batch_summary(results, model)
-        print("batch " + stats_line(summary["tokens"], summary["forward_passes"], summary["elapsed_s"],
-                                    summary["method"], summary["kernels"]))
+        print("batch " + stats_line(summary.tokens, summary))
     return 0
 
 
 # ---- pull / models -------------------------------------------------------------------------------------------
 def run_pull(args) -> int:
-    from flash_dllm.engine.hub import list_cached_models, pull
+    from flash_dllm.engine import hub
 
     started = time.perf_counter()
-    folder = pull(args.repo)  # tqdm bar on the terminal
-    match = next((m for m in list_cached_models() if m.path == folder), None)
+    folder = hub.pull(args.repo)  # tqdm bar on the terminal
+    match = next((m for m in hub.list_cached_models() if m.path == folder), None)
     detail = f" ({match.family}, {match.size_bytes / 1e9:.2f} GB)" if match else ""
     print(f"{args.repo}{detail} -> {folder}  [{time.perf_counter() - started:.1f} s]")
     return 0
 
 
 def run_models(args) -> int:
-    from flash_dllm.engine.hub import HubEnv, list_cached_models
+    from flash_dllm.engine import hub
 
-    models = list_cached_models()
+    models = hub.list_cached_models()
     if args.json:
         print(json.dumps([{"name": m.name, "family": m.family, "size_bytes": m.size_bytes, "path": str(m.path)}
                           for m in models]))
         return 0
     if not models:
-        print(f"no models in {HubEnv.current().cache_dir}; download one with: "
+        print(f"no models in {hub.HubEnv.current().cache_dir}; download one with: "
               "flash-dllm-chat pull GSAI-ML/LLaDA-8B-Instruct")
         return 0
     width = max(len(m.name) for m in models)
@@ -219,17 +250,19 @@ def run_models(args) -> int:
 
 # ---- entry point ---------------------------------------------------------------------------------------------
 def user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean 'change the input', not 'bug': settings, prompts, models, memory."""
-    from flash_dllm.engine.engine import EngineError
-    from flash_dllm.engine.hub import HubError
+    """Exceptions that mean 'change the input', not 'bug': settings, prompts, models, memory (the engine
+    reports running out of memory as EngineError, while loading and while decoding)."""
+    from flash_dllm.engine import EngineError, hub
 
-    return (CliError, ValueError, HubError, EngineError, OSError, MemoryError)
+    return (CliError, ValueError, hub.HubError, EngineError, OSError, MemoryError)
 
 
-def is_out_of_memory(err: BaseException) -> bool:
-    from flash_dllm.engine.engine import is_out_of_memory as engine_says_oom  # loading can fail before the engine runs
+def error_line(err: BaseException) -> str:
+    """A user error as one line, naming the command-line flag behind a bad engine setting."""
+    from flash_dllm.engine import SettingsError
 
-    return engine_says_oom(err)
+    message = " ".join(str(err).split()) or type(err).__name__
+    return with_flag(message) if isinstance(err, SettingsError) else message
 
 
 def dispatch(argv: list[str]) -> int:
@@ -261,9 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: interrupted (a download resumes where it stopped when run again)", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001 - sorted below: user mistakes get one line, bugs a traceback
-        if isinstance(err, user_errors()) or (isinstance(err, RuntimeError) and is_out_of_memory(err)):
-            message = " ".join(str(err).split()) or type(err).__name__
-            print(f"error: {message}", file=sys.stderr)
+        if isinstance(err, user_errors()):
+            print(f"error: {error_line(err)}", file=sys.stderr)
             return EXIT_USAGE
         raise
 

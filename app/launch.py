@@ -12,9 +12,11 @@ import os
 import sys
 import threading
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 from flash_dllm.app import shutdown
+from flash_dllm.app.cli import NO_GRAPHS_HELP
 
 SHARE_WARNING = ("Anyone with the public link can use this machine: its GPU, your chats and the model "
                  "downloads. The link lasts up to a week while the app runs.")
@@ -25,8 +27,10 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group.add_argument("--model", default=None,
                        help="model folder or Hugging Face repo id (default: the last one used, else the bundled model)")
     group.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
-    group.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: the model's)")
-    group.add_argument("--kernels", default=None, help="triton or torch (default: triton on CUDA, torch on CPU)")
+    group.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU)")
+    group.add_argument("--kernels", default=None,
+                       help="kernel backend: triton or torch (default: triton on CUDA, torch on CPU)")
+    group.add_argument("--no-graphs", action="store_true", help=NO_GRAPHS_HELP)
     group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     group.add_argument("--port", type=int, default=None, help="port (default: the first free one from 7860)")
     group.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
@@ -93,11 +97,12 @@ def share_note(share_url: str | None, auth: bool) -> str:
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    from flash_dllm.app import paths
     from flash_dllm.app.chats import ChatStore
-    from flash_dllm.app.models import ModelHost, startup_model
+    from flash_dllm.app.cli import error_line
+    from flash_dllm.app.models import LoadOptions, ModelHost, startup_model
     from flash_dllm.app.turns import AppContext
-    from flash_dllm.engine import paths
-    from flash_dllm.engine.engine import Engine
+    from flash_dllm.engine import Engine
 
     try:
         auth = parse_auth(getattr(args, "auth", None))
@@ -109,10 +114,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"flash-dllm-chat: {why}", file=sys.stderr)
         return 2
     print(f"Loading {name} ({why})…", flush=True)
+    options = LoadOptions(device=args.device, dtype=args.dtype, kernels=args.kernels, graphs=not args.no_graphs)
     try:
-        engine = Engine.load(name, device=args.device, dtype=args.dtype, kernels=args.kernels)
+        engine = Engine.load(name, **asdict(options))
     except Exception as err:  # HubError, SettingsError, WeightsError, ...: one line, no traceback
-        print(f"flash-dllm-chat: cannot load {name}: {err}", file=sys.stderr)
+        print(f"flash-dllm-chat: cannot load {name}: {error_line(err)}", file=sys.stderr)
         return 1
     try:
         paths.remember_model(name)
@@ -120,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"flash-dllm-chat: could not save the last model used ({err})", file=sys.stderr)
     info = engine.describe()
     print(f"Loaded {info['model']} on {info['device']} ({info['dtype']}, kernels: {info['kernels']}).", flush=True)
-    ctx = AppContext(ModelHost(engine, args.device, args.dtype, args.kernels, name), ChatStore(paths.data_dir() / "chats"))
+    ctx = AppContext(ModelHost(engine, options, name), ChatStore(paths.data_dir() / "chats"))
     if not is_loopback(args.host):
         print(f"Listening on {args.host}: other machines on the network can reach the app"
               + ("." if auth else "; add --auth user:password to require a login."), flush=True)

@@ -1,6 +1,6 @@
 """A generation as the UI drains it: the engine decodes on its worker, the UI takes events in frames.
 
-`LiveRun` starts `Engine.stream` on a pump thread that moves events into a queue as the engine emits them.
+`LiveRun` runs `Engine.generate` on one thread whose ``on_event`` puts each event on one queue.
 `LiveRun.frames()` hands the UI everything that arrived since its last frame, at most one frame per
 ``frame_s``: when steps come slower than the frame rate each step is shown as soon as it happens; when they
 come at hundreds per second, all of a frame's steps are folded (cheaply, see app/canvas.py) and one frame is
@@ -8,16 +8,15 @@ rendered. Nothing is computed ahead and replayed. `RunView` folds a run's events
 """
 from __future__ import annotations
 
-import html
 import queue
 import threading
 import time
 from typing import Iterator
 
 from flash_dllm.app.canvas import Canvas, empty_canvas_html
-from flash_dllm.engine.engine import Failed, Finished
-from flash_dllm.engine.events import CanvasStart, SequenceDone, StepEvent
-from flash_dllm.engine.metrics import MemoryTracker, RunStats, stats_rows
+from flash_dllm.app.stats import stats_rows, stats_table
+from flash_dllm.engine import (CanvasStart, EngineError, Failed, Finished, MemoryTracker, RunStats, SequenceDone,
+                               StepEvent)
 
 FRAME_S = 0.05  # at most 20 frames a second reach the browser
 IDLE_S = 0.5  # an empty frame when nothing happened for this long (elapsed time and memory keep moving)
@@ -28,7 +27,8 @@ def is_terminal(event) -> bool:
 
 
 class LiveRun:
-    """One `Engine.stream` call, pumped on a thread so the UI can wait with a deadline."""
+    """One `Engine.generate` call on its own thread, its events put on one queue that the UI drains with a
+    deadline (`frames`). The queue ends with Finished, or Failed when the run raised."""
 
     def __init__(self, engine, prompts: list, settings, frame_s: float = FRAME_S, idle_s: float = IDLE_S,
                  cancel: threading.Event | None = None):
@@ -40,23 +40,21 @@ class LiveRun:
         self.cancel = cancel or threading.Event()
         self.events: queue.Queue = queue.Queue()
         self.event_count = 0
-        self._thread = threading.Thread(target=self._pump, name="flash-dllm-ui-pump", daemon=True)
+        self._thread = threading.Thread(target=self._decode, name="flash-dllm-decode", daemon=True)
 
     def start(self) -> "LiveRun":
         self._thread.start()
         return self
 
-    def _pump(self) -> None:
-        stream = self.engine.stream(self.prompts, self.settings, self.cancel)
+    def _decode(self) -> None:
         try:
-            for event in stream:
-                self.events.put(event)
-                if is_terminal(event):
-                    return
-        except BaseException as err:  # the UI must always receive a terminal event
+            results = self.engine.generate(self.prompts, self.settings, on_event=self.events.put, cancel=self.cancel)
+        except (EngineError, ValueError) as err:  # settings, prompt, memory: the message says what to change
+            self.events.put(Failed(str(err)))
+        except BaseException as err:  # a bug: the UI must still receive a terminal event, and shows its name
             self.events.put(Failed(f"{type(err).__name__}: {err}"))
-        finally:
-            stream.close()
+        else:
+            self.events.put(Finished(results))
 
     def frames(self) -> Iterator[list]:
         """Lists of events, one list per frame; the last list ends with Finished or Failed."""
@@ -134,9 +132,3 @@ class RunView:
     def stats_html(self) -> str:
         return stats_table(stats_rows(self.stats, self.memory.last, self.engine_info,
                                       self.memory.device_peak, self.memory.ram_peak), f"Live stats · {self.label}")
-
-
-def stats_table(rows: list[tuple[str, str]], title: str = "") -> str:
-    body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
-    head = f"<div class=\"fd-head\">{html.escape(title)}</div>" if title else ""
-    return f'<div class="fd-stats">{head}<table>{body}</table></div>'

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import gc
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from flash_dllm.engine import hub, paths
-from flash_dllm.engine.engine import Engine
-from flash_dllm.engine.metrics import format_bytes
+from flash_dllm.app import paths
+from flash_dllm.app.stats import format_bytes
+from flash_dllm.engine import Engine, hub, pick_device
 
 
 class ModelError(RuntimeError):
@@ -37,14 +37,21 @@ def display_name(model: str | None) -> str:
     return path.name if path.is_dir() else model
 
 
+@dataclass(frozen=True)
+class LoadOptions:
+    """How every model of this app is loaded (the launcher's flags): `Engine.load`'s keywords."""
+
+    device: str | None = None  # None / "auto": the engine's default
+    dtype: str | None = None
+    kernels: str | None = None
+    graphs: bool = True
+
+
 class ModelHost:
-    def __init__(self, engine: Engine | None = None, device: str | None = None, dtype: str | None = None,
-                 kernels: str | None = None, name: str | None = None):
+    def __init__(self, engine: Engine | None = None, options: LoadOptions = LoadOptions(), name: str | None = None):
         self.engine = engine
         self.name = name or (engine.name if engine is not None else None)
-        self.device = device
-        self.dtype = dtype
-        self.kernels = kernels
+        self.options = options
         self.gpu = threading.Lock()
 
     # ------------------------------------------------------------------ what there is
@@ -59,9 +66,7 @@ class ModelHost:
     def target_device(self) -> torch.device:
         if self.engine is not None:
             return self.engine.device
-        from flash_dllm.engine.engine import pick_device
-
-        return pick_device(self.device)
+        return pick_device(self.options.device)
 
     def choices(self) -> list[ModelChoice]:
         """The loaded model, the bundled models and every complete model in the HF cache."""
@@ -102,10 +107,10 @@ class ModelHost:
             if name == self.name and self.engine is not None:
                 return self.engine
             previous = self.name
-            ok, message = hub.fit_check(size, device, self.dtype)
+            ok, message = hub.fit_check(size, device, self.options.dtype)
             if not ok and self.engine is not None:
                 self._unload()  # the current model's memory counts as free for the new one
-                ok, message = hub.fit_check(size, device, self.dtype)
+                ok, message = hub.fit_check(size, device, self.options.dtype)
             if not ok:
                 if self.engine is None and previous:
                     self._load_locked(previous, None)
@@ -123,7 +128,7 @@ class ModelHost:
                 raise ModelError(f"could not load {name}: {reason}") from None
 
     def _load_locked(self, name: str, progress) -> Engine:
-        self.engine = Engine.load(name, device=self.device, dtype=self.dtype, kernels=self.kernels, progress=progress)
+        self.engine = Engine.load(name, progress=progress, **asdict(self.options))
         self.name = name
         try:
             paths.remember_model(name)

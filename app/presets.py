@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flash_dllm.engine.settings import GenerationSettings, SettingsError, validate
+from flash_dllm.engine import GenerationSettings, SettingsError, validate
 
 _DEFAULTS = GenerationSettings()
 

@@ -16,7 +16,7 @@ from flash_dllm.app.chats import Chat, ChatStore
 from flash_dllm.app.live import FRAME_S, LiveRun, RunView
 from flash_dllm.app.models import ModelHost
 from flash_dllm.app.presets import KNOBS, build_settings
-from flash_dllm.engine.settings import SettingsError
+from flash_dllm.engine import SettingsError
 
 # Outputs of `chat` / `regenerate`, in order (app/ui.py wires components in this order).
 OUTPUTS = ("chatbot", "chats", "canvas_a", "stats_a", "canvas_b", "stats_b", "answer_b", "status", "replay",

@@ -1,26 +1,27 @@
 """The engine facade: load a model, validate settings, run a decoding method, report results and events.
 
-One generation runs at a time per engine (a lock); callers queue. Events reach `on_event` as each step
-happens; `stream()` runs the decode on a worker thread and yields its events live.
+`Engine.load` decides the device, dtype and kernel backend once, before any download. One generation runs
+at a time per engine (a lock); callers queue. Events reach `on_event` as each step happens, on the caller's
+thread; a UI that wants them on another thread runs `generate` there (app/live.py).
 """
 from __future__ import annotations
 
-import queue
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
-from flash_dllm.engine.chat import ChatTokenizer, load_tokenizer
 from flash_dllm.engine.events import CanvasStart, SequenceDone
-from flash_dllm.engine.sequence import SequenceState
+from flash_dllm.engine.metrics import tokens_per_forward, tokens_per_second
 from flash_dllm.engine.model import DiffusionLM
+from flash_dllm.engine.sequence import SequenceState
 from flash_dllm.engine.settings import METHODS, GenerationResult, GenerationSettings, SettingsError, validate
-from flash_dllm.engine.weights import load_model
-from flash_dllm.kernels import resolve_backend
+from flash_dllm.engine.tokenizer import ChatTokenizer, load_tokenizer
+from flash_dllm.engine.weights import default_dtype, load_model
+from flash_dllm.kernels import BACKENDS, interpreting, resolve_backend, triton_available
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
@@ -30,35 +31,32 @@ class EngineError(RuntimeError):
     """A failure the engine recovered from (out of memory, ...): the message says what to change."""
 
 
-@dataclass
-class Finished:
-    results: list[GenerationResult]
-    kind: str = "finished"
-
-
-@dataclass
-class Failed:
-    message: str
-    kind: str = "error"
-
-
 def is_out_of_memory(err: BaseException) -> bool:
     """CUDA raises OutOfMemoryError; the CPU allocator raises a plain RuntimeError that says so."""
     text = str(err).lower()
     return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
-def pick_device(device: str | None) -> torch.device:
+def pick_device(device: str | torch.device | None) -> torch.device:
+    """"auto" (or None) is the first CUDA GPU when there is one, else the CPU; a named device must exist."""
     if device in (None, "", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise SettingsError("--device cuda: no CUDA GPU is available (use --device cpu)")
-    return torch.device(device)
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise SettingsError(f"unknown device {device!r}; use cuda, cuda:N, cpu or auto") from None
+    if chosen.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SettingsError(f"device {str(device)!r}: no CUDA GPU is available (use cpu)")
+        if chosen.index is not None and chosen.index >= torch.cuda.device_count():
+            raise SettingsError(f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    return chosen
 
 
-def pick_dtype(dtype, device: torch.device) -> torch.dtype | None:
+def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """"auto" (or None) is bf16 on CUDA and fp32 on CPU."""
     if dtype in (None, "", "auto"):
-        return None
+        return default_dtype(device)
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
@@ -66,8 +64,21 @@ def pick_dtype(dtype, device: torch.device) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
+def pick_backend(kernels: str | None, device: torch.device) -> str:
+    """The kernel backend: "auto" (or None) is "triton" on CUDA and "torch" (the PyTorch references) on CPU.
+    An explicit "triton" off CUDA is refused rather than silently replaced, except under the Triton CPU
+    interpreter (TRITON_INTERPRET=1, the tests)."""
+    if kernels not in (None, "", "auto", *BACKENDS):
+        raise SettingsError(f"unknown kernel backend {kernels!r}; choose one of: {', '.join(BACKENDS)}")
+    if kernels == "triton" and not triton_available():
+        raise SettingsError("kernel backend 'triton': the triton package is not installed (use torch)")
+    if kernels == "triton" and device.type != "cuda" and not interpreting():
+        raise SettingsError(f"kernel backend 'triton' needs a CUDA device, not {device.type} (use torch)")
+    return resolve_backend(kernels, device)
+
+
 class Engine:
-    def __init__(self, model: DiffusionLM, tokenizer: ChatTokenizer, name: str, folder: Path, kernels: str,
+    def __init__(self, model: DiffusionLM, tokenizer: ChatTokenizer, name: str, folder: Path, kernels: str, *,
                  graphs: bool = True):
         self.model = model
         self.tokenizer = tokenizer
@@ -81,15 +92,25 @@ class Engine:
 
     @classmethod
     def load(cls, model: str | Path, device: str | None = None, dtype=None, kernels: str | None = None,
-             progress: Callable | None = None) -> "Engine":
-        """`model` is a local folder or a Hugging Face repo id (downloaded into the HF cache if needed)."""
+             progress: Callable | None = None, graphs: bool = True) -> "Engine":
+        """`model` is a local folder or a Hugging Face repo id (downloaded into the HF cache if needed).
+        ``device``, ``dtype`` and ``kernels`` ("auto" or None for the defaults) are checked first, so a bad one
+        raises SettingsError before anything is downloaded; running out of memory raises EngineError."""
         from flash_dllm.engine.hub import resolve_model
 
-        dev = pick_device(device)  # before any download: a missing GPU must not cost a 16 GB download
-        backend = resolve_backend(kernels, dev)
+        dev = pick_device(device)
+        weights_dtype = pick_dtype(dtype, dev)
+        backend = pick_backend(kernels, dev)
         folder = resolve_model(str(model), progress=progress)
-        weights = load_model(folder, dev, pick_dtype(dtype, dev))
-        return cls(weights, load_tokenizer(folder, weights.config), str(model), Path(folder), backend)
+        try:
+            weights = load_model(folder, dev, weights_dtype)
+        except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
+            if not is_out_of_memory(err):
+                raise
+            raise EngineError(f"out of memory loading {model} on {dev.type} in "
+                              f"{str(weights_dtype).replace('torch.', '')}; use a smaller model or another "
+                              "device or dtype") from None
+        return cls(weights, load_tokenizer(folder, weights.config), str(model), Path(folder), backend, graphs=graphs)
 
     @staticmethod
     def methods() -> dict[str, str]:
@@ -103,7 +124,7 @@ class Engine:
         cfg = self.model.config
         return {"model": self.name, "family": cfg.family, "device": str(self.device),
                 "dtype": str(self.model.dtype).replace("torch.", ""), "kernels": self.kernels,
-                "params": cfg.n_params, "max_context": cfg.max_seq_len}
+                "graphs": self.graphs, "params": cfg.n_params, "max_context": cfg.max_seq_len}
 
     def fit_conversation(self, conversation: list[dict], settings: GenerationSettings) -> tuple[list[dict], int]:
         """Leave out the oldest messages until the prompt plus ``gen_length`` fit the model's context. The
@@ -222,41 +243,11 @@ class Engine:
             forwards = counters["forward_passes"][i]
             results.append(GenerationResult(
                 text=self.tokenizer.decode(ids), token_ids=ids, forward_passes=forwards, steps=counters["steps"][i],
-                elapsed_s=round(elapsed, 4), tokens_per_s=round(len(ids) / elapsed, 3) if elapsed > 0 else 0.0,
+                elapsed_s=round(elapsed, 4), tokens_per_s=round(tokens_per_second(len(ids), elapsed), 3),
                 method=settings.method, model=self.name, finish_reason=reason,
                 verify_passes=counters["verify_passes"][i], draft_passes=forwards - counters["verify_passes"][i],
                 accepted_drafts=counters["accepted"][i], rejected_drafts=counters["rejected"][i],
-                tokens_per_forward=round(len(ids) / forwards, 3) if forwards else 0.0, kernels=self.kernels,
+                tokens_per_forward=round(tokens_per_forward(len(ids), forwards), 3), kernels=self.kernels,
                 prompt_tokens=counters["prompt_len"][i], settings=settings.to_dict()))
         return results
 
-    def stream(self, prompts: list, settings: GenerationSettings,
-               cancel: threading.Event | None = None) -> Iterator[object]:
-        """Yield events live from a worker thread; ends with Finished (or Failed). Closing the iterator
-        early cancels the generation between steps (`cancel` is left untouched after a normal finish)."""
-        cancel = cancel or threading.Event()
-        events: queue.Queue = queue.Queue()
-
-        def work() -> None:
-            try:
-                events.put(Finished(self.generate(prompts, settings, events.put, cancel)))
-            except (SettingsError, EngineError, ValueError) as err:
-                events.put(Failed(str(err)))
-            except Exception as err:  # keep the worker from dying silently; the UI shows the message
-                events.put(Failed(f"{type(err).__name__}: {err}"))
-
-        worker = threading.Thread(target=work, name="flash-dllm-decode", daemon=True)
-        worker.start()
-        finished = False
-        try:
-            while True:
-                event = events.get()
-                if isinstance(event, (Finished, Failed)):
-                    finished = True
-                yield event
-                if finished:
-                    return
-        finally:
-            if not finished:  # the consumer stopped early: stop the decode between steps
-                cancel.set()
-            worker.join(timeout=30)

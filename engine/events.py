@@ -1,7 +1,16 @@
-"""What the engine tells its consumers (CLI, UI, tests) while it decodes: plain dataclasses, JSON-ready."""
+"""What the engine tells its consumers (CLI, UI, tests) while it decodes: plain dataclasses, JSON-ready.
+
+`Engine.generate` sends CanvasStart, StepEvent and SequenceDone to its ``on_event`` callback. Finished and
+Failed end a run for a consumer that decodes on another thread and queues the events (app/live.py): they
+carry the results, or the message of the error that ended the run.
+"""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flash_dllm.engine.settings import GenerationResult
 
 # Cell states of the answer canvas, as the UI colours them.
 MASKED, COMMITTED, PADDING = "masked", "committed", "padding"
@@ -62,6 +71,28 @@ class SequenceDone:
     token_ids: list[int]
     finish_reason: str  # "eos" | "length" | "cancelled"
     kind: str = "done"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Finished:
+    """The run ended normally (also when cancelled): one result per prompt, in order."""
+
+    results: list[GenerationResult]
+    kind: str = "finished"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "results": [result.to_dict() for result in self.results]}
+
+
+@dataclass
+class Failed:
+    """The run ended with an error; ``message`` is one line for the user."""
+
+    message: str
+    kind: str = "error"
 
     def to_dict(self) -> dict:
         return asdict(self)

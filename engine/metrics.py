@@ -1,6 +1,7 @@
-"""The numbers shown beside the canvas, defined once: speed from engine events, memory from the device.
+"""The run's numbers, defined once: speed from engine events and results, memory from the device.
 
-Definitions (the README and the UI use exactly these):
+GenerationResult, the CLI and the UI's stats panel (app/stats.py) take their rates from the functions
+here. Definitions (the README uses exactly these):
 * tokens/s          generated answer tokens (committed, before the end token; never prompt or EOS padding)
                     divided by the engine's wall time of the run (the events' ``elapsed_s``; the final value
                     comes from the result, measured after the device synchronised).
@@ -146,54 +147,3 @@ class MemoryTracker:
         self.device_peak = max(self.device_peak, self.last.vram_device_used or 0)
         self.ram_peak = max(self.ram_peak, self.last.ram_process)
         return self.last
-
-
-def format_bytes(n: int | None) -> str:
-    if n is None:
-        return "–"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{value:.2f} GiB"  # pragma: no cover - loop always returns
-
-
-def stats_rows(stats: RunStats | None, memory: MemorySnapshot | None, engine_info: dict | None,
-               device_peak: int | None = None, ram_peak: int | None = None) -> list[tuple[str, str]]:
-    """The stats panel as (label, value) rows: speed, memory, then the engine's identity."""
-    rows: list[tuple[str, str]] = []
-    if stats is not None:
-        rows += [
-            ("tokens/s", f"{stats.tokens_per_s:.1f}"),
-            ("tokens/forward", f"{stats.tokens_per_forward:.2f}"),
-            ("forward passes", f"{stats.forward_passes}"
-             + (f" ({stats.verify_passes} verify)" if stats.verify_passes else "")),
-            ("steps", str(stats.steps)),
-            ("step time", f"{stats.last_step_ms:.1f} ms (mean {stats.mean_step_ms:.1f} ms)"),
-            ("elapsed", f"{stats.elapsed_s:.2f} s"),
-            ("answer length", f"{stats.generated_tokens} / {stats.gen_length} tokens"),
-        ]
-        drafts = stats.accepted_drafts + stats.rejected_drafts
-        if drafts:
-            share = 100.0 * stats.accepted_drafts / drafts
-            rows.append(("drafts accepted", f"{stats.accepted_drafts} / {drafts} ({share:.0f}%)"))
-    if memory is not None:
-        if memory.device_type == "cuda":
-            rows += [
-                ("VRAM process", f"{format_bytes(memory.vram_allocated)} (peak {format_bytes(memory.vram_peak)}, "
-                                 f"reserved {format_bytes(memory.vram_reserved)})"),
-                ("VRAM device", f"{format_bytes(memory.vram_device_used)} of {format_bytes(memory.vram_device_total)}"
-                                + (f" (peak {format_bytes(device_peak)})" if device_peak else "")),
-            ]
-        rows.append(("RAM process", format_bytes(memory.ram_process)
-                     + (f" (peak {format_bytes(ram_peak)})" if ram_peak else "")))
-        rows.append(("RAM machine", f"{format_bytes(memory.ram_used)} of {format_bytes(memory.ram_total)}"))
-    if engine_info:
-        rows += [
-            ("model", str(engine_info.get("model", "–"))),
-            ("device", str(engine_info.get("device", "–"))),
-            ("dtype", str(engine_info.get("dtype", "–"))),
-            ("kernels", str(engine_info.get("kernels", "–"))),
-        ]
-    return rows

@@ -19,10 +19,9 @@ from process_testing import interruptible
 
 from flash_dllm.app.chats import ChatStore
 from flash_dllm.app.launch import parse_auth, serve, share_note, LaunchError
-from flash_dllm.app.models import ModelHost
+from flash_dllm.app.models import LoadOptions, ModelHost
 from flash_dllm.app.turns import OUTPUTS, AppContext
-from flash_dllm.engine import hub
-from flash_dllm.engine.engine import Engine
+from flash_dllm.engine import Engine, hub
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 
 API_OUTPUTS = [name for name in OUTPUTS if not name.startswith("rec_")]  # gr.State never reaches clients
@@ -63,7 +62,7 @@ def app(tmp_path_factory):
     torch.set_num_threads(1)  # a tiny model on a shared 2-core machine decodes far faster on one thread
     folder = write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llada", TinySpec("llada"))
     engine = Engine.load(str(folder), device="cpu")
-    ctx = AppContext(ModelHost(engine, "cpu", name=str(folder)), ChatStore(home / "chats"))
+    ctx = AppContext(ModelHost(engine, LoadOptions(device="cpu"), name=str(folder)), ChatStore(home / "chats"))
     demo = serve(ctx, port=free_port())
     try:
         yield SimpleNamespace(ctx=ctx, url=demo.local_url, home=home, folder=folder,
@@ -250,6 +249,24 @@ def test_download_without_network_says_what_to_do(app, client, monkeypatch, tmp_
     assert "repo id" in note
 
 
+def test_the_engine_gets_plain_string_messages_from_a_chat():
+    """Gradio 6 content parts are flattened by the app; the engine accepts only plain strings."""
+    from flash_dllm.app.chats import Chat
+
+    chat = Chat("0" * 32, system="Be brief.", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]},
+        {"role": "assistant", "content": "Hi", "meta": {"method": "llada"}}])
+    assert chat.conversation() == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
+                                   {"role": "assistant", "content": "Hi"}]
+
+
+def test_a_model_switch_loads_with_the_launch_options(tiny_dream):
+    """The launcher's --device/--dtype/--kernels/--no-graphs reach every model the page loads."""
+    host = ModelHost(options=LoadOptions(device="cpu", dtype="fp32", kernels="torch", graphs=False))
+    engine = host.switch(str(tiny_dream))
+    assert engine.graphs is False and engine.describe()["dtype"] == "float32" and engine.kernels == "torch"
+
+
 def test_auth_and_share_messages(tmp_path):
     assert parse_auth("ann:secret") == [("ann", "secret")]
     users = tmp_path / "users.txt"
@@ -264,7 +281,7 @@ def test_auth_and_share_messages(tmp_path):
 
 def test_startup_model_prefers_flag_then_last_used_then_bundled(app, monkeypatch, tmp_path):
     from flash_dllm.app.models import startup_model
-    from flash_dllm.engine import paths
+    from flash_dllm.app import paths
 
     monkeypatch.setenv("FLASH_DLLM_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))

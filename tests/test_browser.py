@@ -18,10 +18,9 @@ import torch
 import flash_dllm.assets
 from flash_dllm.app.chats import ChatStore
 from flash_dllm.app.launch import serve
-from flash_dllm.app.models import ModelHost
+from flash_dllm.app.models import LoadOptions, ModelHost
 from flash_dllm.app.turns import AppContext
-from flash_dllm.engine import hub
-from flash_dllm.engine.engine import Engine
+from flash_dllm.engine import Engine, hub
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 
 pytestmark = pytest.mark.browser
@@ -109,7 +108,7 @@ def test_page_streams_the_canvas_in_a_real_browser(tmp_path, monkeypatch):
             try:
                 for scene in scenes(tmp_path):
                     engine = Engine.load(scene.model, device="cpu")
-                    ctx = AppContext(ModelHost(engine, "cpu", name=scene.model), ChatStore(tmp_path / "home" / "chats"))
+                    ctx = AppContext(ModelHost(engine, LoadOptions(device="cpu"), name=scene.model), ChatStore(tmp_path / "home" / "chats"))
                     demo = serve(ctx, port=free_port())
                     try:
                         page = browser.new_page(viewport={"width": 1500, "height": 1000})

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from flash_dllm.engine import decode_loop
-from flash_dllm.engine.chat import load_tokenizer
 from flash_dllm.engine.device_verify import VerifyBatch
 from flash_dllm.engine.engine import Engine
 from flash_dllm.engine.model import forward_cached, forward_hidden, lm_logits
@@ -16,6 +15,7 @@ from flash_dllm.engine.sampling import predict
 from flash_dllm.engine.settings import GenerationSettings
 from flash_dllm.engine.strategies import WindowThreshold
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
+from flash_dllm.engine.tokenizer import load_tokenizer
 from flash_dllm.engine.weights import load_model
 
 PROMPTS = ["What is 12*7?", "hello there, how are you today?", "x"]

@@ -12,9 +12,8 @@ from flash_dllm.app import export as export_mod
 from flash_dllm.app.canvas import Canvas, display_piece
 from flash_dllm.app.export import export_gif, export_html, html_frames
 from flash_dllm.app.live import LiveRun, RunView
-from flash_dllm.engine.engine import Engine, Finished
-from flash_dllm.engine.events import CanvasStart, SequenceDone, StepEvent
-from flash_dllm.engine.settings import GenerationSettings
+from flash_dllm.engine import (CanvasStart, Engine, Failed, Finished, GenerationSettings, SequenceDone, SettingsError,
+                               StepEvent)
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 
 
@@ -117,20 +116,25 @@ def test_replay_at_any_step_equals_the_live_canvas_then():
 
 
 class FakeEngine:
-    """The engine's stream contract (a worker emitting events, ending with Finished), with controlled timing."""
+    """The engine's generate contract (events through on_event, cancel checked between steps, results returned),
+    with controlled timing; ``threads`` records where it ran."""
 
-    def __init__(self, events, delay_s=0.0):
-        self.events, self.delay_s, self.closed = events, delay_s, threading.Event()
+    def __init__(self, events, delay_s=0.0, error: Exception | None = None):
+        self.events, self.delay_s, self.error = events, delay_s, error
+        self.closed, self.threads = threading.Event(), []
 
-    def stream(self, prompts, settings, cancel=None):
+    def generate(self, prompts, settings, on_event=None, cancel=None):
+        self.threads.append(threading.current_thread())
         try:
             for event in self.events:
                 if cancel is not None and cancel.is_set():
                     break
                 if self.delay_s:
                     time.sleep(self.delay_s)
-                yield event
-            yield Finished([])
+                on_event(event)
+            if self.error is not None:
+                raise self.error
+            return []
         finally:
             self.closed.set()
 
@@ -143,6 +147,18 @@ def test_fast_steps_are_coalesced_into_few_frames_without_losing_any():
     assert got == events  # every step, in order
     assert isinstance(frames[-1][-1], Finished)
     assert len(frames) < 100, f"{len(frames)} frames for 2000 instant steps"
+
+
+def test_one_decode_thread_and_a_failure_still_ends_the_frames():
+    engine = FakeEngine(synthetic_events(3), error=SettingsError("gen length must be at least 1 (got 0)"))
+    run = LiveRun(engine, ["x"], None, frame_s=0.01).start()
+    frames = list(run.frames())
+    assert engine.threads == [run._thread] and run._thread is not threading.current_thread()
+    assert isinstance(frames[-1][-1], Failed) and "gen length" in frames[-1][-1].message
+    assert sum(isinstance(e, StepEvent) for batch in frames for e in batch) == 3
+    crash = LiveRun(FakeEngine([], error=KeyError("boom")), ["x"], None).start()
+    last = list(crash.frames())[-1][-1]
+    assert isinstance(last, Failed) and last.message == "KeyError: 'boom'"
 
 
 def test_slow_steps_are_shown_one_frame_each_and_stop_is_between_steps():

@@ -14,7 +14,7 @@ import torch
 
 import flash_dllm.engine.decode_loop as decode_loop
 from flash_dllm.app.cli import main
-from flash_dllm.engine.paths import load_app_settings
+from flash_dllm.app.paths import load_app_settings
 
 FAST = ["--method", "llada", "--gen-length", "8", "--block-length", "8", "--steps", "4"]
 JSON_FIELDS = {"text", "token_ids", "forward_passes", "steps", "elapsed_s", "tokens_per_s", "method", "model",
@@ -157,7 +157,9 @@ BAD_INPUTS = [
     (["--prompt", "hi " * 40, "--gen-length", "512", "--block-length", "512"], "context"),
     (["--prompt", "hi", "--method", "nonsense"], "invalid choice"),
     (["--prompt", "hi", "--gen-length", "eight"], "invalid int"),
-    (["--prompt", "hi", "--device", "cuda"], "cuda"),
+    (["--prompt", "hi", "--device", "cuda"], "argument --device: device 'cuda': no CUDA GPU"),
+    (["--prompt", "hi", "--device", "gpu0"], "argument --device: unknown device 'gpu0'"),
+    (["--prompt", "hi", "--gen-length", "0"], "argument --gen-length: gen length must be at least 1"),
     (["--batch-file", "/nonexistent/prompts.txt"], "cannot read"),
     ([], "--prompt"),
     (["hi", "--prompt", "hi"], "give the prompt once"),
@@ -176,6 +178,40 @@ def test_bad_input_is_one_line_and_exit_2(extra, needle, tiny_llada, capsys):
 def test_broken_model_is_one_line_and_exit_2(kind, needle, broken_models, capsys):
     argv = ["generate", "--model", str(broken_models[kind]), "--prompt", "hi", *FAST]
     assert_usage_error(*run(argv, capsys), needle)
+
+
+def test_engine_settings_fail_before_any_download_and_name_the_flag(fake_hub, tiny_llada, monkeypatch, capsys):
+    """Device and kernel backend are the engine's to check; it does so before fetching weights, and its
+    message names the setting while the CLI names the flag."""
+    fake_hub.add_repo("tiny/llada", tiny_llada)
+    base = ["generate", "--model", "tiny/llada", "--prompt", "hi", *FAST]
+    assert_usage_error(*run(base + ["--device", "cuda:x"], capsys), "argument --device: unknown device 'cuda:x'")
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "0")  # what a user's machine has: no CPU interpreter
+        code, out, err = run(base + ["--kernels", "triton"], capsys)
+        assert_usage_error(code, out, err, "argument --kernels: kernel backend 'triton' needs a CUDA device")
+    assert fake_hub.gets(".safetensors") == []
+
+
+def test_graphs_are_on_unless_no_graphs(tiny_llada, monkeypatch, capsys):
+    from flash_dllm.engine import Engine
+
+    load, loaded = Engine.load.__func__, []
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **kw: loaded.append(load(cls, *a, **kw)) or loaded[-1]))
+    base = ["generate", "--model", str(tiny_llada), "--prompt", "hi", *FAST]
+    assert run(base, capsys)[0] == 0 and run(base + ["--no-graphs"], capsys)[0] == 0
+    assert [engine.graphs for engine in loaded] == [True, False]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"]])
+def test_help_is_quick_and_names_the_kernel_backend(argv):
+    """--help imports neither torch nor gradio (the engine's names resolve lazily)."""
+    code = ("import sys\nfrom flash_dllm.app.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('heavy:', sorted(m for m in ('torch', 'gradio', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "heavy: []" in done.stdout, done.stdout[-500:]
+    assert "kernel backend" in done.stdout and "--no-graphs" in done.stdout and "CUDA graph" in done.stdout
 
 
 def test_offline_without_cache_exit_2(monkeypatch, capsys):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flash_dllm.engine.chat import load_tokenizer
+from flash_dllm.engine.tokenizer import load_tokenizer
 from flash_dllm.engine.device_canvas import NOT_NEW, DeviceCanvas
 from flash_dllm.engine.device_plan import threshold_select as device_threshold
 from flash_dllm.engine.device_plan import top_k_select

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from flash_dllm.engine.chat import load_tokenizer
+from flash_dllm.engine.tokenizer import load_tokenizer
 from flash_dllm.engine.engine import Engine
 from flash_dllm.engine.settings import GenerationSettings
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model

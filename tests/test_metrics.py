@@ -1,12 +1,11 @@
-"""The stats shown beside the canvas: definitions, memory on CPU and (simulated) CUDA, and the engine's numbers."""
+"""The stats shown beside the canvas: definitions, memory on CPU and (simulated) CUDA, the engine's numbers, and
+the panel's rows (app/stats.py)."""
 from __future__ import annotations
 
 import torch
 
-from flash_dllm.engine import metrics
-from flash_dllm.engine.engine import Engine
-from flash_dllm.engine.events import StepEvent
-from flash_dllm.engine.settings import GenerationResult, GenerationSettings
+from flash_dllm.app.stats import format_bytes, stats_rows
+from flash_dllm.engine import Engine, GenerationResult, GenerationSettings, StepEvent, metrics
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 
 
@@ -37,7 +36,7 @@ def test_run_stats_fold_step_events_and_take_the_final_result():
     assert stats.tokens_per_s == result.tokens_per_s
     assert stats.tokens_per_forward == 40 / 25
     assert stats.finish_reason == "eos" and (stats.accepted_drafts, stats.rejected_drafts) == (7, 3)
-    labels = [label for label, _ in metrics.stats_rows(stats, None, None)]
+    labels = [label for label, _ in stats_rows(stats, None, None)]
     assert labels[:7] == ["tokens/s", "tokens/forward", "forward passes", "steps", "step time", "elapsed", "answer length"]
     assert "drafts accepted" in labels
 
@@ -47,7 +46,7 @@ def test_memory_on_cpu_reports_ram_and_no_vram():
     assert snap.device_type == "cpu"
     assert snap.ram_process > 0 and 0 < snap.ram_used <= snap.ram_total
     assert snap.vram_allocated is None and snap.vram_device_total is None
-    rows = dict(metrics.stats_rows(None, snap, {"model": "m", "device": "cpu", "dtype": "float32", "kernels": "torch"}))
+    rows = dict(stats_rows(None, snap, {"model": "m", "device": "cpu", "dtype": "float32", "kernels": "torch"}))
     assert "RAM process" in rows and "VRAM process" not in rows
     assert rows["kernels"] == "torch" and rows["device"] == "cpu"
     metrics.reset_peak("cpu")  # a no-op without CUDA, never raises
@@ -75,16 +74,16 @@ def test_memory_on_cuda_uses_allocator_and_driver_numbers(monkeypatch):
     assert (snap.vram_allocated, snap.vram_peak, snap.vram_reserved) == (3 * gib, 5 * gib, 6 * gib)
     assert (snap.vram_device_used, snap.vram_device_total) == (12 * gib, 24 * gib)
     assert tracker.device_peak == 20 * gib  # the highest device-wide use seen, not the last one
-    rows = dict(metrics.stats_rows(None, snap, None, tracker.device_peak))
+    rows = dict(stats_rows(None, snap, None, tracker.device_peak))
     assert rows["VRAM process"].startswith("3.00 GiB (peak 5.00 GiB")
     assert rows["VRAM device"] == "12.00 GiB of 24.00 GiB (peak 20.00 GiB)"
 
 
 def test_format_bytes():
-    assert metrics.format_bytes(None) == "–"
-    assert metrics.format_bytes(512) == "512 B"
-    assert metrics.format_bytes(1536) == "1.50 KiB"
-    assert metrics.format_bytes(3 * 1024**3) == "3.00 GiB"
+    assert format_bytes(None) == "–"
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(1536) == "1.50 KiB"
+    assert format_bytes(3 * 1024**3) == "3.00 GiB"
 
 
 def test_live_stats_from_a_real_engine_match_its_result(tmp_path):
@@ -105,3 +104,17 @@ def test_live_stats_from_a_real_engine_match_its_result(tmp_path):
     stats.finish(result)
     assert abs(stats.tokens_per_s - result.tokens_per_s) < 1e-3 * max(1.0, result.tokens_per_s)
     assert abs(stats.tokens_per_forward - result.tokens_per_forward) < 1e-3
+
+
+def test_results_take_their_rates_from_the_metric_definitions(tmp_path, monkeypatch):
+    """GenerationResult's tokens/s and tokens/forward are metrics.tokens_per_second / tokens_per_forward (one
+    definition), not a second formula beside them."""
+    import flash_dllm.engine.engine as engine_module
+
+    folder = write_tiny_model(tmp_path / "tiny", TinySpec("llada"))
+    engine = Engine.load(str(folder), device="cpu")
+    seen = []
+    monkeypatch.setattr(engine_module, "tokens_per_second", lambda tokens, elapsed: seen.append("s") or 1234.5)
+    monkeypatch.setattr(engine_module, "tokens_per_forward", lambda tokens, forwards: seen.append("f") or 6.5)
+    (result,) = engine.generate(["hi"], GenerationSettings(method="llada", gen_length=8, block_length=8, steps=2))
+    assert (result.tokens_per_s, result.tokens_per_forward) == (1234.5, 6.5) and sorted(seen) == ["f", "s"]

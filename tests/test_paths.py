@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from flash_dllm.engine import paths
+from flash_dllm.app import paths
 
 
 def test_home_override_and_round_trip(tmp_path, monkeypatch):

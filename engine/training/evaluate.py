@@ -43,7 +43,7 @@ def load_engine(folder, device: str = "auto"):
     try:
         return Engine.load(str(folder), device=device)
     except ModuleNotFoundError:
-        from flash_dllm.engine.chat import load_tokenizer
+        from flash_dllm.engine.tokenizer import load_tokenizer
         from flash_dllm.engine.engine import pick_device
         from flash_dllm.engine.weights import load_model
         from flash_dllm.kernels import resolve_backend

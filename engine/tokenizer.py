@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from flash_dllm.engine.config import ModelConfig
@@ -19,6 +18,9 @@ class PromptError(ValueError):
 class ChatTokenizer:
     tokenizer: object
     config: ModelConfig
+    # display pieces by token id, per tokenizer: a cache shared across instances would keep every tokenizer
+    # the app ever loaded alive after a model switch
+    _pieces: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def end_ids(self) -> frozenset[int]:
@@ -31,7 +33,7 @@ class ChatTokenizer:
         return frozenset(ids)
 
     def encode(self, conversation, use_chat_template: bool = True) -> list[int]:
-        """A prompt string or a list of {"role", "content"} messages -> token ids."""
+        """A prompt string or a list of {"role", "content": str} messages -> token ids."""
         messages = normalise_conversation(conversation)
         if use_chat_template and getattr(self.tokenizer, "chat_template", None):
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -45,29 +47,29 @@ class ChatTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
-    @lru_cache(maxsize=65536)
     def piece(self, token_id: int) -> str:
         """Display text of one token for the canvas (special tokens keep their name)."""
-        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return text if text else self.tokenizer.convert_ids_to_tokens(token_id) or ""
-
-    def __hash__(self) -> int:  # lru_cache on a method needs a hashable instance
-        return id(self)
+        text = self._pieces.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            text = text if text else self.tokenizer.convert_ids_to_tokens(token_id) or ""
+            self._pieces[token_id] = text
+        return text
 
 
 def normalise_conversation(conversation) -> list[dict]:
-    """Accept a string, OpenAI-style messages, or Gradio 6 messages (content as a list of text parts)."""
+    """A string (one user message) or a list of {"role", "content": str} messages, checked. UI formats (such
+    as Gradio's content parts) are the app's to flatten before they reach the engine."""
     if isinstance(conversation, str):
         conversation = [{"role": "user", "content": conversation}]
     messages = []
     for message in conversation or []:
-        content = message.get("content", "")
-        if isinstance(content, list):  # Gradio 6: [{"type": "text", "text": ...}, ...]
-            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-        role = message.get("role", "user")
+        role, content = message.get("role", "user"), message.get("content", "")
         if role not in ("system", "user", "assistant"):
             raise PromptError(f"unknown chat role {role!r}; use system, user or assistant")
-        messages.append({"role": role, "content": str(content)})
+        if not isinstance(content, str):
+            raise PromptError(f"a message's content must be text (got {type(content).__name__})")
+        messages.append({"role": role, "content": content})
     if not any(m["role"] == "user" and m["content"].strip() for m in messages):
         raise PromptError("the prompt is empty")
     return messages

@@ -1,0 +1,261 @@
+"""The page's event handlers: module-level functions of the app context, wired to components in app/ui.py.
+
+A handler that needs the app takes the `AppContext` first; app/ui.py binds it (`bind`) and Gradio sees the
+rest of the signature. The parameter names and defaults of `chat` and `regenerate` are their public API (gradio_client
+calls them by name), so they stay as they are.
+"""
+from __future__ import annotations
+
+import html
+import threading
+import time
+
+import gradio as gr
+
+from flash_dllm.app.chats import export_file
+from flash_dllm.app.export import export_gif, export_html
+from flash_dllm.app.models import ModelError
+from flash_dllm.app.presets import default_knobs, preset_values
+from flash_dllm.app.stats import format_bytes, stats_rows, stats_table
+from flash_dllm.app.turns import AppContext, chat_choices, chat_messages, chat_turn, note
+from flash_dllm.engine import METHODS, GenerationSettings, hub, memory_snapshot
+
+PRESET_KNOBS = ("block_length", "steps", "threshold", "gamma", "window", "lookahead", "track")
+DEFAULT_METHOD = GenerationSettings().method
+DEFAULT_METHOD_B = "llada" if "llada" in METHODS else DEFAULT_METHOD  # what side by side compares with
+K0 = default_knobs()
+
+
+# ---------------------------------------------------------------------------- page fragments
+def system_html(ctx: AppContext, title: str = "Engine") -> str:
+    """Memory and the engine's identity (the stats panel before the first answer, and the sidebar)."""
+    engine = ctx.host.engine
+    device = engine.device if engine is not None else None
+    return stats_table(stats_rows(None, memory_snapshot(device), ctx.host.describe()), title)
+
+
+def banner_html(ctx: AppContext) -> str:
+    info = ctx.host.describe()
+    model = html.escape(str(info.get("model", "no model loaded")))
+    extra = f"<div class='fd-note fd-warn'>{html.escape(ctx.share_note)}</div>" if ctx.share_note else ""
+    return (f"<div><b style='font-size:1.25em'>flash-dllm-chat</b> &nbsp;·&nbsp; {model} on "
+            f"{html.escape(str(info.get('device', '–')))} &nbsp;·&nbsp; the canvas shows every cell of the answer "
+            f"as the model denoises it</div>{extra}")
+
+
+def model_choices(ctx: AppContext) -> list[tuple[str, str]]:
+    try:
+        return [(c.label, c.value) for c in ctx.host.choices()]
+    except Exception:  # an unreadable cache must not break the page: offer the loaded model only
+        return [(f"{ctx.host.name} (loaded)", ctx.host.name)] if ctx.host.name else []
+
+
+def progress_html(done: int, total: int, label: str) -> str:
+    pct = 100.0 * done / total if total else 0.0
+    return (f"<div class='fd-note'>{html.escape(label)}: {format_bytes(done)} of {format_bytes(total)} ({pct:.0f}%)</div>"
+            f"<div class='fd-progress'><div style='width:{pct:.1f}%'></div></div>")
+
+
+# ---------------------------------------------------------------------------- chat turns
+def accept(ctx: AppContext, text, chat_id, request: gr.Request):
+    """Clear the box, show the message as queued, and hand it to `chat` (which may wait its turn)."""
+    if not (text or "").strip():
+        return gr.skip(), gr.skip(), gr.skip(), ""
+    chat = ctx.store.get_or_create(chat_id)
+    ctx.sessions.queue(chat.id, request.session_hash, text)
+    return ("", gr.update(choices=chat_choices(ctx.store), value=chat.id),
+            chat_messages(chat, ctx.sessions.queued(chat.id)), text)
+
+
+def chat(ctx: AppContext, message, chat_id=None, system="", method=DEFAULT_METHOD, side_by_side=False,
+         method_b=DEFAULT_METHOD_B, gen_length=K0["gen_length"], block_length=K0["block_length"], steps=K0["steps"],
+         threshold=K0["threshold"], gamma=K0["gamma"], temperature=K0["temperature"], window=K0["window"],
+         lookahead=K0["lookahead"], track=K0["track"], max_candidates=K0["max_candidates"], seed=K0["seed"],
+         request: gr.Request = None):
+    knobs = (gen_length, block_length, steps, threshold, gamma, temperature, window, lookahead, track,
+             max_candidates, seed)
+    yield from chat_turn(ctx, message, chat_id, system, method, side_by_side, method_b, knobs,
+                         request.session_hash if request else None)
+
+
+def regenerate(ctx: AppContext, chat_id, system="", method=DEFAULT_METHOD, side_by_side=False,
+               method_b=DEFAULT_METHOD_B, gen_length=K0["gen_length"], block_length=K0["block_length"],
+               steps=K0["steps"], threshold=K0["threshold"], gamma=K0["gamma"],
+               temperature=K0["temperature"], window=K0["window"], lookahead=K0["lookahead"],
+               track=K0["track"], max_candidates=K0["max_candidates"], seed=K0["seed"],
+               request: gr.Request = None):
+    knobs = (gen_length, block_length, steps, threshold, gamma, temperature, window, lookahead, track,
+             max_candidates, seed)
+    yield from chat_turn(ctx, None, chat_id, system, method, side_by_side, method_b, knobs,
+                         request.session_hash if request else None, regenerate=True)
+
+
+def stop(ctx: AppContext, request: gr.Request):
+    stopped = ctx.sessions.stop(request.session_hash if request else None)
+    return note("Stopping between steps…" if stopped else "Nothing is being generated.", "warn")
+
+
+# ---------------------------------------------------------------------------- canvas replay and export
+def replay_at(step, recording_a, recording_b):
+    step = int(step or 0)
+    a = recording_a.at_step(step).render() if recording_a is not None else gr.skip()
+    b = recording_b.at_step(step).render() if recording_b is not None else gr.skip()
+    return a, b
+
+
+def export_canvas(ctx: AppContext, kind: str, recording_a, recording_b):
+    if recording_a is None:
+        raise gr.Error("Nothing to export yet: send a message first.")
+    folder = ctx.export_dir / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{threading.get_ident() % 10000}"
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for tag, recording in (("a", recording_a), ("b", recording_b)):
+        if recording is None:
+            continue
+        name = f"denoising-{tag}-{recording.method}.{kind}"
+        write = export_gif if kind == "gif" else export_html
+        files.append(str(write(recording, folder / name)))
+    return gr.update(value=files, visible=True)
+
+
+def export_canvas_gif(ctx: AppContext, a, b):
+    return export_canvas(ctx, "gif", a, b)
+
+
+def export_canvas_html(ctx: AppContext, a, b):
+    return export_canvas(ctx, "html", a, b)
+
+
+# ---------------------------------------------------------------------------- chats
+def open_chat(ctx: AppContext, chat_id):
+    try:
+        chat = ctx.store.get(chat_id)
+    except KeyError:
+        return [], "", note("That chat no longer exists.", "warn")
+    return chat_messages(chat, ctx.sessions.queued(chat.id)), chat.system, note(f"Opened “{chat.title}”.")
+
+
+def new_chat(ctx: AppContext, system):
+    empty = next((c for c in ctx.store.list() if not c.messages), None)
+    chat = empty or ctx.store.create(system=system or "")
+    return gr.update(choices=chat_choices(ctx.store), value=chat.id), [], note("New chat.")
+
+
+def rename_chat(ctx: AppContext, chat_id, title):
+    try:
+        chat = ctx.store.rename(chat_id, title)
+    except (KeyError, ValueError) as err:
+        return gr.skip(), gr.skip(), note(str(err).strip("'\""), "error")
+    return gr.update(choices=chat_choices(ctx.store), value=chat.id), "", note(f"Renamed to “{chat.title}”.")
+
+
+def delete_chat(ctx: AppContext, chat_id):
+    if not chat_id:
+        return gr.skip(), gr.skip(), note("Choose a chat to delete.", "warn")
+    try:
+        title = ctx.store.get(chat_id).title
+    except KeyError:
+        gone = note("That chat no longer exists.", "warn")
+        return gr.update(choices=chat_choices(ctx.store), value=None), [], gone
+    ctx.store.delete(chat_id)
+    return gr.update(choices=chat_choices(ctx.store), value=None), [], note(f"Deleted “{title}”.")
+
+
+def export_chat(ctx: AppContext, chat_id, fmt):
+    try:
+        chat = ctx.store.get(chat_id)
+    except KeyError:
+        return None, note("Choose a chat to export.", "warn")
+    path = export_file(chat, fmt, ctx.export_dir / "chats")
+    return gr.update(value=str(path), visible=True), note(f"Exported “{chat.title}” as {fmt}.")
+
+
+def clear(ctx: AppContext, system):
+    chats_update, messages, _ = new_chat(ctx, system)
+    return chats_update, messages, note("Cleared: this is a new chat; the previous one stays under Chats.")
+
+
+# ---------------------------------------------------------------------------- models
+def after_load(ctx: AppContext, message_html):
+    """The model outputs (note, engine info, model list, banner) after a load step."""
+    return (message_html, system_html(ctx), gr.update(choices=model_choices(ctx), value=ctx.host.name),
+            banner_html(ctx))
+
+
+def load_model(ctx: AppContext, name):
+    yield after_load(ctx, note(f"Loading {name}… (waits for the answer being decoded)"))
+    try:
+        ctx.host.switch(name)
+    except ModelError as err:
+        yield after_load(ctx, note(str(err), "error"))
+        return
+    yield after_load(ctx, note(f"Loaded {ctx.host.name}."))
+
+
+def download_model(ctx: AppContext, repo_id):
+    repo_id = (repo_id or "").strip()
+    if not hub.REPO_ID.match(repo_id):
+        yield after_load(ctx, note("Type a Hugging Face repo id such as GSAI-ML/LLaDA-8B-Instruct.", "warn"))
+        return
+    try:
+        size = ctx.host.weight_bytes(repo_id)
+    except ModelError as err:
+        yield after_load(ctx, note(str(err), "error"))
+        return
+    ok, fit = hub.fit_check(size, ctx.host.target_device(), ctx.host.options.dtype)
+    if not ok and ctx.host.engine is None:
+        yield after_load(ctx, note(f"{repo_id} {fit}", "error"))
+        return
+    # with a model loaded the check is repeated after unloading it (its memory counts as free then)
+    progress = {"done": 0, "total": size}
+    outcome: dict = {}
+
+    def work():
+        try:
+            outcome["path"] = hub.resolve_model(repo_id, progress=lambda d, t: progress.update(done=d, total=t))
+        except Exception as err:  # shown in the page
+            outcome["error"] = str(err)
+
+    worker = threading.Thread(target=work, name="flash-dllm-download", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.5)
+        yield after_load(ctx, progress_html(progress["done"], progress["total"] or size, f"Downloading {repo_id}"))
+    if "error" in outcome:
+        yield after_load(ctx, note(outcome["error"], "error"))
+        return
+    yield after_load(ctx, progress_html(progress["done"], progress["total"] or size, f"Downloaded {repo_id}"))
+    yield after_load(ctx, note(f"Downloaded {repo_id}; loading (waits for the answer being decoded)…"))
+    try:
+        ctx.host.switch(repo_id, weight_bytes=size)
+    except ModelError as err:
+        yield after_load(ctx, note(str(err), "error"))
+        return
+    yield after_load(ctx, note(f"Loaded {repo_id}."))
+
+
+# ---------------------------------------------------------------------------- settings and page life
+def apply_preset(name, gen_length):
+    values = preset_values(name, gen_length)
+    return tuple(values[k] for k in PRESET_KNOBS)
+
+
+def method_info(m):
+    return METHODS.get(m, "")
+
+
+def show_side_by_side(on):
+    return gr.update(visible=bool(on))
+
+
+def engine_info(ctx: AppContext):
+    return system_html(ctx)
+
+
+def on_load(ctx: AppContext):
+    return banner_html(ctx), gr.update(choices=chat_choices(ctx.store)), system_html(ctx)
+
+
+def on_unload(ctx: AppContext, request: gr.Request = None):
+    if request is not None and request.session_hash:
+        ctx.sessions.drop_session(request.session_hash)
