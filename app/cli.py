@@ -1,4 +1,5 @@
-"""`flash-dllm-chat`: the chat UI (no subcommand) and the `generate`, `pull`, `models`, `train-tiny` commands.
+"""`flash-dllm-chat`: the chat UI (no subcommand) and the `generate`, `pull`, `models`, `train-tiny`, `bench`
+commands.
 
 Heavy imports (torch, gradio) happen inside the command that needs them, so `generate` never loads gradio and
 `--help` stays quick. A user's mistake (bad setting, missing model, offline, out of memory) ends with one
@@ -13,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-SUBCOMMANDS = ("generate", "pull", "models", "train-tiny")
+SUBCOMMANDS = ("generate", "pull", "models", "train-tiny", "bench")
 EXIT_USAGE = 2
 NO_GRAPHS_HELP = "run each decode step eagerly instead of replaying it as a CUDA graph"
 
@@ -92,6 +93,8 @@ def build_parser() -> Parser:
     models.add_argument("--json", action="store_true", help="print JSON")
     commands.add_parser("train-tiny", help="train the bundled tiny model (arguments go to the trainer; see its --help)",
                         add_help=False)
+    commands.add_parser("bench", help="benchmark the decode step (bench decode) or the kernels (bench kernels); "
+                                      "see bench --help", add_help=False)
     return parser
 
 
@@ -270,6 +273,10 @@ def dispatch(argv: list[str]) -> int:
         from flash_dllm.engine.training.train import main as train_main
 
         return int(train_main(argv[1:]) or 0)
+    if argv and argv[0] == "bench":  # its own parser: `bench decode ...`, `bench kernels ...`
+        from flash_dllm.engine import bench
+
+        return int(bench.main(argv[1:]) or 0)
     parser = build_parser()
     launch = None
     if not argv or argv[0] not in SUBCOMMANDS:  # the UI: its flags live on the top-level parser

@@ -45,7 +45,10 @@ _EXPORTS = {
     "MemorySnapshot": "flash_dllm.engine.metrics",
     "memory_snapshot": "flash_dllm.engine.metrics",
 }
-_MODULES = {"hub": "flash_dllm.engine.hub"}  # models: the HF cache, downloads, the bundled models, memory fit
+_MODULES = {
+    "hub": "flash_dllm.engine.hub",  # models: the HF cache, downloads, the bundled models, memory fit
+    "bench": "flash_dllm.engine.bench",  # `flash-dllm-chat bench`: decode and kernel benchmarks
+}
 
 __all__ = [*_EXPORTS, "METHODS", *_MODULES]
 

@@ -23,7 +23,7 @@ import torch
 from flash_dllm.engine.device_canvas import DeviceCanvas
 from flash_dllm.engine.device_plan import DeviceMethod
 from flash_dllm.engine.device_verify import VerifyLayout, accepted_counts, pick_candidates
-from flash_dllm.engine.model import DiffusionLM, forward_cached, lm_logits
+from flash_dllm.engine.model import DiffusionLM, KernelOps, forward_cached, lm_logits
 from flash_dllm.engine.packing import KVCache, Layout, Packer, QueryPlan, groups_for
 from flash_dllm.engine.sampling import DRAFT_PASS, VERIFY_PASS, Predictions, noise_keys, predict
 from flash_dllm.engine.step_records import HostRecord, StepRecords, step_events
@@ -46,9 +46,10 @@ class RunOutcome:
 
 
 class DecodeSession:
-    def __init__(self, model: DiffusionLM, backend: str, method: DeviceMethod, canvas: DeviceCanvas,
+    def __init__(self, model: DiffusionLM, ops: KernelOps, method: DeviceMethod, canvas: DeviceCanvas,
                  verify: VerifySpec | None, sampling: bool, cfg_scale: float = 0.0, graphs: bool = True):
-        self.model, self.backend, self.method, self.canvas = model, backend, method, canvas
+        self.model, self.ops, self.method, self.canvas = model, ops, method, canvas
+        backend = ops.backend
         self.sampling, self.cfg_scale = sampling, cfg_scale
         shift = model.config.shift_logits
         self.verify = verify
@@ -101,7 +102,7 @@ class DecodeSession:
     def _logits(self, plan: QueryPlan, layout: Layout, mask_prompt: bool = False) -> torch.Tensor:
         step = self.packer.pack(plan, layout, mask_prompt)
         score_out = self.cache.scores if plan.scored is not None else None
-        hidden = forward_cached(self.model, self.cache.k, self.cache.v, step, self.backend, score_out)
+        hidden = forward_cached(self.model, self.cache.k, self.cache.v, step, self.ops, score_out)
         return lm_logits(self.model, hidden)
 
     def _draft(self, plan: QueryPlan, layouts: list[Layout]) -> Predictions:
@@ -132,7 +133,7 @@ class DecodeSession:
         canvas, cache = self.canvas, self.cache
         batch = pick_candidates(canvas, plan.cells, preds.tokens, preds.confidences, self.verify.cap)
         step, hidden_rows = self.verify_layout.pack(batch)
-        hidden = forward_cached(self.model, cache.k, cache.v, step, self.backend, None)
+        hidden = forward_cached(self.model, cache.k, cache.v, step, self.ops, None)
         cache.keep.index_fill_(0, hidden_rows, 1)
         keys, temperature = self._keys_and_temperature(None, batch.cells, VERIFY_PASS)
         p = predict(lm_logits(self.model, hidden), temperature, keys, given_tokens=batch.drafts.reshape(-1))

@@ -16,7 +16,7 @@ import torch
 
 from flash_dllm.engine.events import CanvasStart, SequenceDone
 from flash_dllm.engine.metrics import tokens_per_forward, tokens_per_second
-from flash_dllm.engine.model import DiffusionLM
+from flash_dllm.engine.model import DiffusionLM, bind_kernels
 from flash_dllm.engine.sequence import SequenceState
 from flash_dllm.engine.settings import METHODS, GenerationResult, GenerationSettings, SettingsError, validate
 from flash_dllm.engine.tokenizer import ChatTokenizer, load_tokenizer
@@ -85,6 +85,7 @@ class Engine:
         self.name = name
         self.folder = folder
         self.kernels = kernels
+        self.ops = bind_kernels(model.config, kernels)  # the kernels every cached forward runs, bound once
         self.graphs = graphs  # replay each steady decode step as a CUDA graph (CUDA + Triton kernels only)
         self.last_run = None  # the last generate call's loop outcome (steps, graph replays, capture time)
         self._decode = None  # (shape key, DecodeSession) of the last call, reused by the next of that shape
@@ -146,10 +147,17 @@ class Engine:
         return head + turns, dropped
 
     def encode(self, prompts: list, settings: GenerationSettings) -> list[list[int]]:
-        """Token ids of each prompt (a string or a list of {"role", "content"} messages), checked against the
+        """Token ids of each prompt (a string, a list of {"role", "content"} messages, or token ids), checked against the
         model's context: the first place a too-long prompt is seen, so the one place it is reported."""
-        limit = self.model.config.max_seq_len
-        encoded = [self.tokenizer.encode(prompt, settings.use_chat_template) for prompt in prompts]
+        limit, vocab = self.model.config.max_seq_len, self.model.config.vocab_size
+        encoded = []
+        for prompt in prompts:
+            if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
+                if not all(0 <= t < vocab for t in prompt):  # token ids given directly (benchmarks, tests)
+                    raise SettingsError(f"a prompt's token ids must lie in [0, {vocab})")
+                encoded.append(list(prompt))
+            else:
+                encoded.append(self.tokenizer.encode(prompt, settings.use_chat_template))
         for ids in encoded:
             validate(settings, limit, len(ids))
         return encoded
@@ -219,7 +227,7 @@ class Engine:
         canvas = DeviceCanvas.allocate(len(encoded), slot_len, settings.gen_length, cfg.mask_id, cfg.eos_id,
                                        self.tokenizer.end_ids, self.device)
         verify = VerifySpec(settings.candidates_cap, settings.acceptance) if method.verify else None
-        session = DecodeSession(self.model, self.kernels, method.build_device(settings, canvas, cfg.shift_logits),
+        session = DecodeSession(self.model, self.ops, method.build_device(settings, canvas, cfg.shift_logits),
                                 canvas, verify, settings.temperature > 0, settings.cfg_scale, graphs=self.graphs)
         self._decode = (key, session)
         return session

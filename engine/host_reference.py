@@ -18,7 +18,7 @@ from flash_dllm.engine.device_canvas import DeviceCanvas
 from flash_dllm.engine.device_verify import VerifyBatch
 from flash_dllm.engine.events import StepEvent
 from flash_dllm.engine.methods import METHODS
-from flash_dllm.engine.model import DiffusionLM, forward_cached, lm_logits
+from flash_dllm.engine.model import DiffusionLM, KernelOps, forward_cached, lm_logits
 from flash_dllm.engine.packing import QueryPlan
 from flash_dllm.engine.sampling import VERIFY_PASS, predict
 from flash_dllm.engine.sequence import SequenceState
@@ -48,7 +48,7 @@ def emit_step(emit, piece, state: SequenceState, cells: list[int], window: list[
 
 
 class Reference:
-    def __init__(self, model: DiffusionLM, backend: str, settings: GenerationSettings, states: list[SequenceState]):
+    def __init__(self, model: DiffusionLM, ops: KernelOps, settings: GenerationSettings, states: list[SequenceState]):
         self.settings, self.states, self.model = settings, states, model
         method = METHODS[settings.method]
         shift = model.config.shift_logits
@@ -62,7 +62,7 @@ class Reference:
                     settings.temperature)
         device_method = method.build_device(settings, canvas, shift)  # for its budgets only
         verify = VerifySpec(settings.candidates_cap, settings.acceptance) if method.verify else None
-        self.session = DecodeSession(model, backend, device_method, canvas, verify, settings.temperature > 0,
+        self.session = DecodeSession(model, ops, device_method, canvas, verify, settings.temperature > 0,
                                      settings.cfg_scale, graphs=False)
         self.forwards_per_step = device_method.forwards_per_step
         self.shift = shift
@@ -139,7 +139,7 @@ class Reference:
             drafts=padded([by_slot[i][1].drafts if i in by_slot else [] for i in range(S)], cap,
                           fill=session.canvas.mask_id).to(device))
         step, hidden_rows = session.verify_layout.pack(batch)
-        hidden = forward_cached(self.model, session.cache.k, session.cache.v, step, session.backend, None)
+        hidden = forward_cached(self.model, session.cache.k, session.cache.v, step, session.ops, None)
         session.cache.keep.index_fill_(0, hidden_rows, 1)
         keys, temperature = session._keys_and_temperature(None, batch.cells, VERIFY_PASS)
         p = predict(lm_logits(self.model, hidden), temperature, keys, given_tokens=batch.drafts.reshape(-1))
@@ -163,10 +163,10 @@ class Reference:
 
 
 @torch.no_grad()
-def run_reference(model: DiffusionLM, backend: str, settings: GenerationSettings, states: list[SequenceState],
+def run_reference(model: DiffusionLM, ops: KernelOps, settings: GenerationSettings, states: list[SequenceState],
                   emit=lambda event: None, piece=str, cancel: threading.Event | None = None) -> None:
     """Decode until every sequence is done or cancelled, deciding on the host."""
-    reference = Reference(model, backend, settings, states)
+    reference = Reference(model, ops, settings, states)
     started = time.perf_counter()
     while active := [s for s in states if not s.done]:
         if cancel is not None and cancel.is_set():

@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from flash_dllm.engine.config import ModelConfig
-from flash_dllm.kernels.fused_qkv_rope_cache import fused_qkv_rope_cache, rope_rotate_half
+from flash_dllm.kernels.add_rms_norm import AddRMSNorm
+from flash_dllm.kernels.fused_qkv_rope_cache import FusedQKVRopeCache, rope_rotate_half
+from flash_dllm.kernels.silu_mul import SiluMul
 from flash_dllm.kernels.scheduled_attention import AttentionPlan, scheduled_attention
 
 
@@ -144,28 +146,48 @@ class CachedStep:
     hidden_rows: torch.Tensor  # [M] packed rows whose final hidden state is returned (for logits)
 
 
+@dataclass
+class KernelOps:
+    """The kernels a cached forward runs, bound once to a backend ("triton" or the "torch" references)."""
+
+    backend: str
+    fused_qkv: object  # kernels.fused_qkv_rope_cache.FusedQKVRopeCache
+    norm: object  # kernels.add_rms_norm.AddRMSNorm (residual add folded into the norm that follows it)
+    silu_mul: object  # kernels.silu_mul.SiluMul
+    n_heads: int
+    n_kv_heads: int
+
+    def attention(self, q, k_cache, v_cache, plan, score_out=None):
+        return scheduled_attention(q, k_cache, v_cache, plan, self.n_heads, self.n_kv_heads, score_out=score_out,
+                                   backend=self.backend)
+
+
+def bind_kernels(config: ModelConfig, backend: str) -> KernelOps:
+    return KernelOps(backend, FusedQKVRopeCache(backend, config.n_heads, config.n_kv_heads), AddRMSNorm(backend),
+                     SiluMul(backend), config.n_heads, config.n_kv_heads)
+
+
 def forward_cached(
     model: DiffusionLM,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     step: CachedStep,
-    backend: str,
+    ops: KernelOps,
     score_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Run the step through every layer. k_cache/v_cache: [layers, R, Hkv*Dh]. Returns normed hidden [M, D]."""
-    cfg = model.config
+    """Run the step through every layer. k_cache/v_cache: [layers, R, Hkv*Dh]. Returns normed hidden [M, D].
+
+    Each residual add is folded into the RMSNorm that follows it (the MLP's into the next layer's attention
+    norm, the last one into the final norm, on the read-out rows only)."""
+    cfg, eps = model.config, model.config.norm_eps
     h = F.embedding(step.token_ids, model.embed)
+    update = None
     for index, layer in enumerate(model.layers):
-        x = rms_norm(h, layer.attn_norm, cfg.norm_eps)
-        q = fused_qkv_rope_cache(
-            x, layer.w_qkv, layer.b_qkv, model.rope_cos, model.rope_sin, step.positions, step.write_rows,
-            k_cache[index], v_cache[index], cfg.n_heads, cfg.n_kv_heads, backend=backend,
-        )
-        attn = scheduled_attention(
-            q, k_cache[index], v_cache[index], step.plan, cfg.n_heads, cfg.n_kv_heads,
-            score_out=score_out, backend=backend,
-        )
-        h = h + F.linear(attn, layer.w_o)
-        h = h + mlp(rms_norm(h, layer.ffn_norm, cfg.norm_eps), layer)
-    h = h.index_select(0, step.hidden_rows)
-    return rms_norm(h, model.final_norm, cfg.norm_eps)
+        h, x = ops.norm(h, update, layer.attn_norm, eps, inplace=True)
+        q = ops.fused_qkv(x, layer.w_qkv, layer.b_qkv, model.rope_cos, model.rope_sin, step.positions,
+                          step.write_rows, k_cache[index], v_cache[index])
+        attn = ops.attention(q, k_cache[index], v_cache[index], step.plan, score_out)
+        h, x = ops.norm(h, F.linear(attn, layer.w_o), layer.ffn_norm, eps, inplace=True)
+        update = F.linear(ops.silu_mul(F.linear(x, layer.w_gate_up)), layer.w_down)
+    rows = step.hidden_rows
+    return ops.norm(h.index_select(0, rows), update.index_select(0, rows), model.final_norm, eps)[1]

@@ -115,8 +115,8 @@ def test_fast_dllm_block_start_logits_equal_full_forward(engine, mode, monkeypat
     the candidate rows must equal a plain full forward of the same tokens."""
     checked = []
 
-    def checking_forward(model, k_cache, v_cache, step, backend, score_out=None):
-        hidden = forward_cached(model, k_cache, v_cache, step, backend, score_out)
+    def checking_forward(model, k_cache, v_cache, step, ops, score_out=None):
+        hidden = forward_cached(model, k_cache, v_cache, step, ops, score_out)
         plan = step.plan
         if plan.q_len.numel() == 1 and int(plan.q_len[0]) == int(plan.kv_len[0]):  # a full query
             reference = forward_hidden(model, step.token_ids[None])[0]
@@ -160,7 +160,7 @@ def test_chain_mask_matches_a_full_forward_of_each_candidates_view(tmp_path, fam
     batch = VerifyBatch(tracked=torch.tensor([[0, 1] + [-1] * (s.window - 2)]),
                         cells=torch.tensor([cells + [-1] * (cap - 4)]), drafts=torch.tensor([drafts + [0] * (cap - 4)]))
     step, hidden_rows = session.verify_layout.pack(batch)
-    chain = lm_logits(eng.model, forward_cached(eng.model, session.cache.k, session.cache.v, step, "torch"))
+    chain = lm_logits(eng.model, forward_cached(eng.model, session.cache.k, session.cache.v, step, eng.ops))
     session.cache.keep.index_fill_(0, hidden_rows, 1)
     p0, shift = int(canvas.prompt_len[0]), eng.model.config.shift_logits
     base = canvas.tokens[0, :total].tolist()

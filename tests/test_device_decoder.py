@@ -89,7 +89,7 @@ def compare(engine: Engine, s: GenerationSettings, prompts=PROMPTS, lag: int | N
     device_events, reference_events = [], []
     results = engine.generate(prompts, s, on_event=device_events.append)
     states = engine.new_states(prompts, s)
-    run_reference(engine.model, engine.kernels, s, states, emit=reference_events.append, piece=engine.tokenizer.piece)
+    run_reference(engine.model, engine.ops, s, states, emit=reference_events.append, piece=engine.tokenizer.piece)
     assert [r.token_ids for r in results] == [st.answer_ids() for st in states]
     assert [r.forward_passes for r in results] == [st.forward_passes for st in states]
     assert [r.verify_passes for r in results] == [st.verify_passes for st in states]
@@ -192,3 +192,49 @@ def test_sampling_noise_is_keyed_uniform_and_differs_between_keys():
     assert not torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])
     again = uniform_noise(noise_keys(torch.tensor([3]), torch.tensor([0]), 0, torch.tensor([5])), 4096)
     assert torch.equal(again[0], noise[0])
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or __import__("os").environ.get("TRITON_INTERPRET") == "1",
+                                reason="CUDA graphs need a CUDA device (and compiled Triton kernels)")
+
+
+def graph_and_eager(engine: Engine, prompts, s: GenerationSettings):
+    """The same call replayed as CUDA graphs and run eagerly (fresh sessions both)."""
+    outcomes = []
+    for graphs in (True, False):
+        engine.graphs, engine._decode = graphs, None
+        events = []
+        results = engine.generate(prompts, s, on_event=events.append)
+        outcomes.append((results, step_fields(events), engine.last_run))
+    engine.graphs, engine._decode = True, None
+    return outcomes
+
+
+@needs_cuda
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_cuda_graph_replay_equals_eager_on_tiny_models(tmp_path, variant):
+    folder = write_tiny_model(tmp_path / "dream", TinySpec(family="dream", n_kv_heads=2))
+    engine = Engine.load(str(folder), device="cuda", dtype="fp32", kernels="triton")
+    (graph, graph_events, run), (eager, eager_events, _) = graph_and_eager(engine, PROMPTS, settings(**VARIANTS[variant]))
+    assert run.graph_replays > 0
+    assert [r.token_ids for r in graph] == [r.token_ids for r in eager]
+    assert graph_events == eager_events
+
+
+@needs_cuda
+@pytest.mark.parametrize("geometry", ["llada-8b", "dream-7b"])
+def test_cuda_graph_replay_equals_eager_at_full_geometry(geometry):
+    from flash_dllm.engine.geometry import random_engine
+
+    engine = random_engine(geometry, "cuda")
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1000, 100000) for _ in range(n)] for n in (800, 517)]
+    try:
+        for method in ("flash-cache", "flash-verify", "fast-dllm"):
+            s = GenerationSettings(method=method, gen_length=64, block_length=32, seed=0, use_chat_template=False)
+            (graph, _, run), (eager, _, _) = graph_and_eager(engine, prompts, s)
+            assert run.graph_replays > 0, method
+            assert [r.token_ids for r in graph] == [r.token_ids for r in eager], method
+    finally:
+        del engine
+        torch.cuda.empty_cache()

@@ -1,0 +1,56 @@
+"""`flash-dllm-chat bench decode` on a tiny model on the CPU: the files it writes and the errors it gives."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from flash_dllm.app.cli import main
+
+FIELDS = {"method", "batch", "ms_per_iter_min", "ms_per_iter_median", "ms_per_iter_max", "tokens_per_s",
+          "tokens_per_forward", "peak_gb", "processes", "iterations_per_process"}
+
+
+@pytest.mark.slow
+def test_bench_decode_writes_csv_json_and_png(tiny_dream, tmp_path, capsys):
+    out = tmp_path / "bench"
+    code = main(["bench", "decode", "--model", str(tiny_dream), "--methods", "flash-cache,flash-verify,llada",
+                 "--batch-sizes", "1,2", "--prompt-length", "12", "--gen-length", "16", "--iterations", "6",
+                 "--repeats", "2", "--device", "cpu", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    doc = json.loads((out / "decode.json").read_text())
+    rows = doc["rows"]
+    assert [(r["method"], r["batch"]) for r in rows] == [(m, b) for b in (1, 2) for m in
+                                                         ("flash-cache", "flash-verify", "llada")]
+    for row in rows:
+        assert FIELDS <= set(row), set(row) ^ FIELDS
+        assert row["processes"] == 2 and row["iterations_per_process"] >= 1
+        assert 0 < row["ms_per_iter_min"] <= row["ms_per_iter_median"] <= row["ms_per_iter_max"]
+        assert row["tokens_per_s"] > 0 and 0 < row["tokens_per_forward"] <= 16
+        assert "floor_ms" not in row  # no ceilings without a GPU: no floor is claimed
+    assert {r["method"]: r["forwards_per_iter"] for r in rows if r["batch"] == 1}["flash-verify"] == 2
+    assert doc["environment"]["torch"] and doc["settings"]["iterations"] == 6
+    with open(out / "decode.csv", newline="") as handle:
+        table = list(csv.DictReader(handle))
+    assert len(table) == len(rows) and FIELDS <= set(table[0])
+    assert float(table[0]["ms_per_iter_median"]) == rows[0]["ms_per_iter_median"]
+    png = (out / "decode.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert "ms/iter" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--methods", "flash-cache,warp-drive"], "unknown method"),
+    (["--batch-sizes", "0"], "batch sizes >= 1"),
+    (["--repeats", "0"], "at least 1"),
+])
+def test_bench_decode_rejects_bad_arguments_in_one_line(tiny_dream, tmp_path, capsys, argv, message):
+    code = main(["bench", "decode", "--model", str(tiny_dream), "--device", "cpu", "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error:") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_bench_kernels_says_it_needs_a_gpu(capsys):
+    assert main(["bench", "kernels"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
