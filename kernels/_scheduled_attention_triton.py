@@ -45,9 +45,11 @@ def _configs() -> list:
 
 
 def _combine_configs() -> list:
+    """The combine's key loop only serves the score rows (16 at a time); warps follow the tile height."""
     if interpreting():
         return [triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_N": n}, num_warps=4, num_stages=s) for n, s in ((64, 2), (64, 3), (128, 2))]
+    return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for w in (4, 8)
+            for n, s in ((64, 2), (64, 3), (128, 2))]
 
 
 def _prune_configs(configs, named_args, **kwargs):
@@ -131,7 +133,7 @@ def _attention_split_kernel(
 
 
 @triton.autotune(configs=_combine_configs(), key=["BLOCK_M", "HEAD_DIM", "HAS_KEEP", "HAS_SCORE"],
-                 restore_value=["score_out_ptr"])
+                 prune_configs_by={"early_config_prune": _prune_configs}, restore_value=["score_out_ptr"])
 @triton.jit(do_not_specialize=["tile_rows", "group", "n_splits", "n_parts", "n_rows"])
 def _attention_combine_kernel(
     q_ptr, k_ptr, out_ptr,
@@ -198,11 +200,11 @@ def _tile_rows(tile, tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr, kv_start
 
 @triton.jit
 def _split_range(split, n_splits, kv_len, GRANULE: tl.constexpr):
-    """Cache-key range [lo, hi) of one split: whole granules, as even as possible; empty when split >= n_splits."""
+    """Cache-key range [lo, hi) of one split: whole granules, as even as possible. The in-query part
+    (split == n_splits) gets lo = n_granules * GRANULE >= kv_len >= hi: nothing."""
     n_granules = tl.cdiv(kv_len, GRANULE)
     lo = (split * n_granules // n_splits) * GRANULE
     hi = tl.minimum(((split + 1) * n_granules // n_splits) * GRANULE, kv_len)
-    hi = tl.where(split < n_splits, hi, 0)
     return lo, hi
 
 
