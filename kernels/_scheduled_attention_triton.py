@@ -1,27 +1,37 @@
-"""Triton kernel behind `scheduled_attention` (contract: see scheduled_attention.py).
+"""Triton kernels behind `scheduled_attention` (contract: see scheduled_attention.py; launcher:
+_scheduled_attention_launcher.py).
 
-Grid = (query tiles of the plan, query heads). A program reads its tile's sequence from the plan tensors
-(nothing is synchronised to the host), runs an fp32 online softmax over that sequence's cache keys and then
-over its in-query keys, and writes the normalised output. Sequence lengths, tile counts and key counts are
-all runtime values, so one compiled kernel serves every step; only the tile height, the head dim and which
-optional inputs are present select a variant.
+Two launches when the keys are split (flash-decoding style), one when they are not:
 
-Attention mass needs each query's final row max and sum, so tiles holding at least one score_query row run a
-second pass over the cache keys that recomputes the logits and atomically adds the normalised probabilities
-(summed over the tile's score rows) into score_out.
+* `_attention_split_kernel`, grid (query tiles, query heads, parts). A program reads its tile's sequence from
+  the plan tensors (nothing is synchronised to the host) and runs an fp32 online softmax over one part of that
+  sequence's keys: part s < n_splits is a contiguous range of its cache keys [0, kv_len) (the range is cut from
+  the runtime kv_len, so every split has work while kv_len >= n_splits * KEY_GRANULE; later ones are empty),
+  part n_splits its in-query keys (Flash-Verify). It writes the unnormalised partial (acc, row max, row sum)
+  to a workspace. With ONE_PASS (a single split) one program walks all keys, then in-query keys, and writes
+  the normalised output itself, so no workspace and no second launch.
+* `_attention_combine_kernel`, grid (query tiles, query heads, n_splits if attention mass else 1): merges the
+  parts into the final (row max, row sum), and program 0 of each (tile, head) writes the normalised output.
+
+Attention mass needs each query's final row max and sum. Every combine program (or the one-pass program)
+recomputes, for its own key range, the logits of the tile's score_query rows only, gathered 16 at a time, and
+atomically adds their probabilities into score_out (float atomics: the summation order, hence the low bits,
+varies from run to run on a GPU).
+
+Sequence lengths, tile counts and key counts are runtime values, so one compiled variant serves every step;
+only the tile height, the head dim, which optional inputs are present and ONE_PASS select a variant.
 """
 from __future__ import annotations
 
-import math
-
-import torch
 import triton
 import triton.language as tl
 
 from . import interpreting
 
 LOG2E = 1.4426950408889634
-
+# Split ranges are cut in whole granules, so a split never starts inside another's key block of this size.
+KEY_GRANULE = tl.constexpr(64)
+SCORE_ROWS = tl.constexpr(16)  # score rows recomputed together (tl.dot needs at least 16 rows)
 
 # (BLOCK_N, num_warps, num_stages) candidates: 4 warps (one warpgroup) for tiles under 128 rows, 8 above.
 _CUDA_CANDIDATES = {4: [(32, 4, 3), (64, 4, 3), (128, 4, 2)], 8: [(64, 8, 3), (128, 8, 3), (64, 8, 2)]}
@@ -34,37 +44,41 @@ def _configs() -> list:
             for n, w, s in rows]
 
 
+def _combine_configs() -> list:
+    """The combine's key loop only serves the score rows (16 at a time); warps follow the tile height."""
+    if interpreting():
+        return [triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for w in (4, 8)
+            for n, s in ((64, 2), (64, 3), (128, 2))]
+
+
 def _prune_configs(configs, named_args, **kwargs):
     warps = 8 if {**named_args, **kwargs}["BLOCK_M"] >= 128 else 4
     return [c for c in configs if c.num_warps == warps] or configs
 
 
 # Tuned once per tile height / head dim / feature set / dtype; the step's lengths are not part of the key.
-# score_out is restored after every trial launch, since the kernel accumulates into it.
-@triton.autotune(configs=_configs(), key=["BLOCK_M", "HEAD_DIM", "HAS_KEEP", "HAS_INQ", "HAS_SCORE"],
+# score_out is restored after every trial launch, since the one-pass variant accumulates into it.
+@triton.autotune(configs=_configs(), key=["BLOCK_M", "HEAD_DIM", "HAS_KEEP", "HAS_INQ", "HAS_SCORE", "ONE_PASS"],
                  prune_configs_by={"early_config_prune": _prune_configs}, restore_value=["score_out_ptr"])
-@triton.jit(do_not_specialize=["stride_inq", "tile_rows", "group"])  # inq_mask's width changes every step
-def _scheduled_attention_kernel(
+@triton.jit(do_not_specialize=["stride_inq", "tile_rows", "group", "n_splits", "n_rows"])
+def _attention_split_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr,
     tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr, kv_start_ptr, kv_len_ptr,
     kv_keep_ptr, inq_start_ptr, inq_mask_ptr, score_query_ptr, score_out_ptr,
+    acc_ws_ptr, m_ws_ptr, l_ws_ptr,
     stride_q, stride_k, stride_v, stride_out, stride_inq,
-    tile_rows, group, qk_scale_log2,
+    tile_rows, group, n_splits, n_rows, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_KEEP: tl.constexpr, HAS_INQ: tl.constexpr, HAS_SCORE: tl.constexpr,
+    HAS_KEEP: tl.constexpr, HAS_INQ: tl.constexpr, HAS_SCORE: tl.constexpr, ONE_PASS: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
+    part = tl.program_id(2)
     kv_col = (head // group) * HEAD_DIM  # GQA: query head h reads KV head h // (Hq // Hkv)
-    seq = tl.load(tile_seq_ptr + tile)
-    q0 = tl.load(tile_q0_ptr + tile)
-    q_end = tl.load(q_start_ptr + seq) + tl.load(q_len_ptr + seq)
-    kv_start = tl.load(kv_start_ptr + seq)
-    kv_len = tl.load(kv_len_ptr + seq)
-
-    offs_m = q0 + tl.arange(0, BLOCK_M)
-    row_ok = (tl.arange(0, BLOCK_M) < tile_rows) & (offs_m < q_end)  # tiles never cross sequences
+    seq, offs_m, row_ok, kv_start, kv_len = _tile_rows(tile, tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr,
+                                                       kv_start_ptr, kv_len_ptr, tile_rows, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     q_ptrs = q_ptr + offs_m.to(tl.int64)[:, None] * stride_q + (head * HEAD_DIM + offs_d)[None, :]
@@ -75,46 +89,130 @@ def _scheduled_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for n0 in range(0, kv_len, BLOCK_N):
-        key_rows, key_ok = _cache_keys(kv_start, kv_len, n0, kv_keep_ptr, HAS_KEEP, BLOCK_N)
+    lo, hi = _split_range(part, n_splits, kv_len, KEY_GRANULE)  # empty for the in-query part
+    for n0 in range(lo, hi, BLOCK_N):
+        key_rows, key_ok = _cache_keys(kv_start, hi, n0, kv_keep_ptr, HAS_KEEP, BLOCK_N)
         acc, m_i, l_i = _online_softmax_step(
             q, k_ptr, v_ptr, key_rows, key_ok, key_ok[None, :], stride_k, stride_v, kv_col, offs_d, d_ok,
             qk_scale_log2, acc, m_i, l_i, UPCAST, DOT_PRECISION)
     if HAS_INQ:
-        q_len = q_end - tl.load(q_start_ptr + seq)
-        inq_start = tl.load(inq_start_ptr + seq)
-        for n0 in tl.range(0, q_len, BLOCK_N, num_stages=1):  # few blocks; staging the byte mask spills
-            offs_j = n0 + tl.arange(0, BLOCK_N)
-            key_ok = offs_j < q_len
-            mask_ptrs = inq_mask_ptr + offs_m.to(tl.int64)[:, None] * stride_inq + offs_j[None, :]
-            chained = tl.load(mask_ptrs, mask=row_ok[:, None] & key_ok[None, :], other=0) != 0
-            acc, m_i, l_i = _online_softmax_step(
-                q, k_ptr, v_ptr, inq_start + offs_j, key_ok, chained, stride_k, stride_v, kv_col, offs_d, d_ok,
-                qk_scale_log2, acc, m_i, l_i, UPCAST, DOT_PRECISION)
+        if ONE_PASS:
+            inq_part = 0  # the one program of the tile also walks the in-query keys
+        else:
+            inq_part = n_splits
+        if part == inq_part:
+            q_begin = tl.load(q_start_ptr + seq)
+            q_len = tl.load(q_len_ptr + seq)
+            inq_start = tl.load(inq_start_ptr + seq)
+            for n0 in tl.range(0, q_len, BLOCK_N, num_stages=1):  # few blocks; staging the byte mask spills
+                offs_j = n0 + tl.arange(0, BLOCK_N)
+                key_ok = offs_j < q_len
+                mask_ptrs = inq_mask_ptr + offs_m.to(tl.int64)[:, None] * stride_inq + offs_j[None, :]
+                chained = tl.load(mask_ptrs, mask=row_ok[:, None] & key_ok[None, :], other=0) != 0
+                acc, m_i, l_i = _online_softmax_step(
+                    q, k_ptr, v_ptr, inq_start + offs_j, key_ok, chained, stride_k, stride_v, kv_col, offs_d,
+                    d_ok, qk_scale_log2, acc, m_i, l_i, UPCAST, DOT_PRECISION)
 
-    # l_i is 0 (no visible key: acc is 0 too, so the row outputs zeros) or >= 1 (the max key adds exp2(0)).
-    inv_l = 1.0 / tl.maximum(l_i, 1.0)
-    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_out + (head * HEAD_DIM + offs_d)[None, :]
-    tl.store(out_ptrs, (acc * inv_l[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if ONE_PASS:
+        # l_i is 0 (no visible key: acc is 0 too, so the row outputs zeros) or >= 1 (the max key adds exp2(0)).
+        inv_l = 1.0 / tl.maximum(l_i, 1.0)
+        out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_out + (head * HEAD_DIM + offs_d)[None, :]
+        tl.store(out_ptrs, (acc * inv_l[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+        if HAS_SCORE:
+            scored = tl.load(score_query_ptr + offs_m, mask=row_ok, other=0) != 0
+            _add_attention_mass(q_ptr, k_ptr, kv_keep_ptr, score_out_ptr, stride_q, stride_k, head * HEAD_DIM,
+                                kv_col, offs_m, scored, m_i, l_i, kv_start, 0, kv_len, qk_scale_log2,
+                                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_KEEP, UPCAST, DOT_PRECISION)
+    else:
+        # Workspace [parts, rows, heads] (+ [head_dim] for acc); only the plan's valid rows are written.
+        ws_row = (part.to(tl.int64) * n_rows + offs_m) * tl.num_programs(1) + head
+        tl.store(m_ws_ptr + ws_row, m_i, mask=row_ok)
+        tl.store(l_ws_ptr + ws_row, l_i, mask=row_ok)
+        tl.store(acc_ws_ptr + ws_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.autotune(configs=_combine_configs(), key=["BLOCK_M", "HEAD_DIM", "HAS_KEEP", "HAS_SCORE"],
+                 prune_configs_by={"early_config_prune": _prune_configs}, restore_value=["score_out_ptr"])
+@triton.jit(do_not_specialize=["tile_rows", "group", "n_splits", "n_parts", "n_rows"])
+def _attention_combine_kernel(
+    q_ptr, k_ptr, out_ptr,
+    tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr, kv_start_ptr, kv_len_ptr,
+    kv_keep_ptr, score_query_ptr, score_out_ptr,
+    acc_ws_ptr, m_ws_ptr, l_ws_ptr,
+    stride_q, stride_k, stride_out,
+    tile_rows, group, n_splits, n_parts, n_rows, qk_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_KEEP: tl.constexpr, HAS_SCORE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq, offs_m, row_ok, kv_start, kv_len = _tile_rows(tile, tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr,
+                                                       kv_start_ptr, kv_len_ptr, tile_rows, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    ws_row = offs_m.to(tl.int64) * tl.num_programs(1) + head
+    part_stride = (n_rows * tl.num_programs(1)).to(tl.int64)
+
+    m_f = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_f = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for p in range(n_parts):  # final row max and sum over every part, the in-query part included
+        m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"))
+        l_p = tl.load(l_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=0.0)
+        m_new = tl.maximum(m_f, m_p)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # empty parts carry (-inf, 0, 0)
+        l_f = l_f * tl.exp2(m_f - m_ref) + l_p * tl.exp2(m_p - m_ref)
+        m_f = m_new
+
+    if split == 0:
+        m_ref = tl.where(m_f == float("-inf"), 0.0, m_f)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        for p in range(n_parts):
+            m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"))
+            acc_ptrs = acc_ws_ptr + (p * part_stride + ws_row)[:, None] * HEAD_DIM + offs_d[None, :]
+            acc_p = tl.load(acc_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            acc += acc_p * tl.exp2(m_p - m_ref)[:, None]
+        out = acc * (1.0 / tl.maximum(l_f, 1.0))[:, None]  # l_f == 0: no visible key, acc is 0, output 0
+        out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_out + (head * HEAD_DIM + offs_d)[None, :]
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
     if HAS_SCORE:
-        scored = (tl.load(score_query_ptr + offs_m, mask=row_ok, other=0) != 0) & (l_i > 0.0)
-        if tl.sum(scored.to(tl.int32), axis=0) > 0:
-            for n0 in range(0, kv_len, BLOCK_N):
-                key_rows, key_ok = _cache_keys(kv_start, kv_len, n0, kv_keep_ptr, HAS_KEEP, BLOCK_N)
-                visible = key_ok[None, :] & scored[:, None]  # other rows add nothing (and never overflow exp2)
-                logits = _scaled_logits(q, k_ptr, key_rows, key_ok, visible, stride_k, kv_col, offs_d, d_ok,
-                                        qk_scale_log2, UPCAST, DOT_PRECISION)
-                probs = tl.exp2(logits - tl.where(scored, m_i, 0.0)[:, None]) * inv_l[:, None]
-                in_range = n0 + tl.arange(0, BLOCK_N) < kv_len
-                tl.atomic_add(score_out_ptr + key_rows, tl.sum(probs, axis=0), mask=in_range)
+        scored = tl.load(score_query_ptr + offs_m, mask=row_ok, other=0) != 0
+        lo, hi = _split_range(split, n_splits, kv_len, KEY_GRANULE)
+        _add_attention_mass(q_ptr, k_ptr, kv_keep_ptr, score_out_ptr, stride_q, stride_k, head * HEAD_DIM,
+                            (head // group) * HEAD_DIM, offs_m, scored, m_f, l_f, kv_start, lo, hi, qk_scale_log2,
+                            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_KEEP, UPCAST, DOT_PRECISION)
 
 
 @triton.jit
-def _cache_keys(kv_start, kv_len, n0, kv_keep_ptr, HAS_KEEP: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Rows of one BLOCK_N slice of the sequence's cache range and which of them every query may see."""
+def _tile_rows(tile, tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr, kv_start_ptr, kv_len_ptr, tile_rows,
+               BLOCK_M: tl.constexpr):
+    """The tile's sequence, its packed query rows, which of them are real queries, and its cache range."""
+    seq = tl.load(tile_seq_ptr + tile)
+    q0 = tl.load(tile_q0_ptr + tile)
+    q_end = tl.load(q_start_ptr + seq) + tl.load(q_len_ptr + seq)
+    offs_m = q0 + tl.arange(0, BLOCK_M)
+    # Rows past q_len (a static plan's padding, or the next sequence of a ragged one) are never loaded or stored.
+    row_ok = (tl.arange(0, BLOCK_M) < tile_rows) & (offs_m < q_end)
+    return seq, offs_m, row_ok, tl.load(kv_start_ptr + seq), tl.load(kv_len_ptr + seq)
+
+
+@triton.jit
+def _split_range(split, n_splits, kv_len, GRANULE: tl.constexpr):
+    """Cache-key range [lo, hi) of one split: whole granules, as even as possible. The in-query part
+    (split == n_splits) gets lo = n_granules * GRANULE >= kv_len >= hi: nothing."""
+    n_granules = tl.cdiv(kv_len, GRANULE)
+    lo = (split * n_granules // n_splits) * GRANULE
+    hi = tl.minimum(((split + 1) * n_granules // n_splits) * GRANULE, kv_len)
+    return lo, hi
+
+
+@triton.jit
+def _cache_keys(kv_start, hi, n0, kv_keep_ptr, HAS_KEEP: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows of one BLOCK_N slice of the sequence's cache range (ending at hi) and which of them every query sees."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    key_ok = offs_n < kv_len
+    key_ok = offs_n < hi
     key_rows = kv_start + offs_n
     if HAS_KEEP:
         key_ok = key_ok & (tl.load(kv_keep_ptr + key_rows, mask=key_ok, other=0) != 0)
@@ -155,39 +253,41 @@ def _online_softmax_step(q, k_ptr, v_ptr, key_rows, key_ok, visible, stride_k, s
     return acc, m_new, alpha * l_i + tl.sum(p, axis=1)
 
 
-def _as_flags(t: torch.Tensor) -> torch.Tensor:
-    """bool/int8 masks as a byte view (Triton loads bytes; nonzero = True)."""
-    return t.view(torch.uint8) if t.dtype == torch.bool else t
+@triton.jit
+def _add_attention_mass(q_ptr, k_ptr, kv_keep_ptr, score_out_ptr, stride_q, stride_k, q_col, kv_col,
+                        offs_m, scored, m_f, l_f, kv_start, lo, hi, qk_scale_log2,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, HAS_KEEP: tl.constexpr, UPCAST: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr):
+    """score_out[key] += sum over the tile's scored rows of p(row -> key), for cache keys in [lo, hi).
+
+    m_f / l_f: each tile row's final (log2-domain) row max and sum. Only scored rows are recomputed: they are
+    gathered SCORE_ROWS at a time by rank (a [SCORE_ROWS, BLOCK_M] one-hot selection), so a tile with 16
+    window rows out of 64 costs a quarter of a full second pass.
+    """
+    scored = scored & (l_f > 0.0)  # a row that saw no key has no distribution to add
+    rank = tl.cumsum(scored.to(tl.int32), axis=0) - 1
+    n_scored = tl.sum(scored.to(tl.int32), axis=0)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    for s0 in range(0, n_scored, SCORE_ROWS):
+        slot = s0 + tl.arange(0, SCORE_ROWS)
+        pick = scored[None, :] & (rank[None, :] == slot[:, None])  # [SCORE_ROWS, BLOCK_M], <= one True per row
+        has_row = slot < n_scored
+        rows = tl.sum(tl.where(pick, offs_m[None, :], 0), axis=1)
+        m_c = tl.sum(tl.where(pick, m_f[None, :], 0.0), axis=1)
+        inv_l_c = 1.0 / tl.maximum(tl.sum(tl.where(pick, l_f[None, :], 0.0), axis=1), 1.0)
+        q_ptrs = q_ptr + rows.to(tl.int64)[:, None] * stride_q + (q_col + offs_d)[None, :]
+        q_c = tl.load(q_ptrs, mask=has_row[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST:
+            q_c = q_c.to(tl.float32)
+        for n0 in range(lo, hi, BLOCK_N):
+            key_rows, key_ok = _cache_keys(kv_start, hi, n0, kv_keep_ptr, HAS_KEEP, BLOCK_N)
+            logits = _scaled_logits(q_c, k_ptr, key_rows, key_ok, has_row[:, None] & key_ok[None, :], stride_k,
+                                    kv_col, offs_d, d_ok, qk_scale_log2, UPCAST, DOT_PRECISION)
+            probs = tl.exp2(logits - m_c[:, None]) * inv_l_c[:, None]
+            tl.atomic_add(score_out_ptr + key_rows, tl.sum(probs, axis=0), mask=key_ok)
 
 
-def scheduled_attention_triton(q, k_cache, v_cache, plan, n_heads: int, n_kv_heads: int, score_out=None):
-    """Launch the one-shot scheduled attention: returns [N, Hq*Dh] in q's dtype."""
-    head_dim = q.shape[1] // n_heads
-    if n_heads % n_kv_heads or k_cache.shape[1] != n_kv_heads * head_dim or v_cache.shape[1] != k_cache.shape[1]:
-        raise ValueError("caches must be [R, Hkv*Dh] with Hq a multiple of Hkv")
-    if q.stride(1) != 1 or k_cache.stride(1) != 1 or v_cache.stride(1) != 1:
-        raise ValueError("q and the caches must be contiguous in their last dimension")
-    out = torch.empty_like(q)
-    if plan.n_tiles == 0 or q.shape[0] == 0:
-        return out
-    has_inq = plan.inq_start is not None and plan.inq_mask is not None
-    has_score = score_out is not None and plan.score_query is not None
-    if has_score and (score_out.dtype != torch.float32 or not score_out.is_contiguous()):
-        raise ValueError("score_out must be a contiguous fp32 tensor [R]")
-    inq_mask = _as_flags(plan.inq_mask) if has_inq else q
-    if has_inq and inq_mask.stride(1) != 1:
-        inq_mask = inq_mask.contiguous()
-    _scheduled_attention_kernel[(plan.n_tiles, n_heads)](
-        q, k_cache, v_cache, out,
-        plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len,
-        _as_flags(plan.kv_keep) if plan.kv_keep is not None else q,
-        plan.inq_start if has_inq else q, inq_mask,
-        _as_flags(plan.score_query) if has_score else q, score_out if has_score else q,
-        q.stride(0), k_cache.stride(0), v_cache.stride(0), out.stride(0), inq_mask.stride(0),
-        plan.block_m, n_heads // n_kv_heads, LOG2E / math.sqrt(head_dim),
-        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=max(16, triton.next_power_of_2(plan.block_m)),  # covers the plan's tile; tl.dot needs >= 16
-        HAS_KEEP=plan.kv_keep is not None, HAS_INQ=has_inq, HAS_SCORE=has_score,
-        UPCAST=interpreting(), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-    )
-    return out
+# bench_kernels.py reads .best_config of the kernel that serves the one-split (many tiles) case.
+_scheduled_attention_kernel = _attention_split_kernel

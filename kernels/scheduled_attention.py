@@ -16,10 +16,25 @@ Attention mass (Flash-Cache's tracked-token policy): when ``score_out`` [R] fp32
 row with score_query[row] True (the masked-window rows) and every head, the *softmax probability* that the
 query assigns to each cache key row (first key range only, after normalisation over all of its keys,
 in-query keys included) is added into score_out[row]. So score_out[r] = sum over window queries and heads of
-p(query -> key r). Callers sum it over layers and reset it each step.
+p(query -> key r). Callers sum it over layers and reset it each step. On the GPU the Triton path adds
+with float atomics, so the low bits of score_out vary from run to run (the order of additions is not fixed).
+
+Two plan layouts:
+  * `build_plan` (ragged, eager): sizes known on the host, sequences packed back to back, host lists kept.
+  * `static_plan` (CUDA graphs): every sequence owns the same padded budget of rows_per_seq packed rows; rows
+    past its q_len are padding (never read as queries, never written: their output is unspecified). The
+    q_len / kv_start / kv_len tensors are the caller's and may be rewritten in place between graph replays.
+The kernel reads only plan tensors (never host values), so one captured launch serves every step of a
+bucket. `max_kv_len` is a static upper bound on every kv_len of the plan, used only to size the key split.
+
+Bind once: `ScheduledAttention(backend, n_heads, n_kv_heads, head_dim)` resolves the backend at
+construction; its Triton path splits each sequence's keys over several programs when the query tiles alone
+would not fill the GPU (batch 1), and caches one schedule and workspace per plan shape (see
+_scheduled_attention_launcher.py). The first call of a plan shape must be eager (not under graph capture).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -28,7 +43,12 @@ import torch
 
 @dataclass
 class AttentionPlan:
-    """Per-step schedule. All tensors int32 on the device of q; host lists kept for the torch path."""
+    """Per-step schedule. All tensors int32 on the device of q (masks bool/int8).
+
+    Host lists are optional copies for the torch reference (it reads the tensors when they are absent); the
+    Triton path never reads them. A tile covers rows tile_q0 .. tile_q0 + block_m - 1 of one sequence, cut
+    at that sequence's q_start + q_len.
+    """
 
     q_start: torch.Tensor  # [B]
     q_len: torch.Tensor  # [B]
@@ -37,11 +57,11 @@ class AttentionPlan:
     tile_seq: torch.Tensor  # [T] sequence of each query tile
     tile_q0: torch.Tensor  # [T] first packed query row of each tile
     block_m: int
-    max_kv_len: int
-    host_q_len: list[int]
-    host_kv_len: list[int]
-    host_q_start: list[int]
-    host_kv_start: list[int]
+    max_kv_len: int  # static upper bound on every kv_len (sizes the key split only)
+    host_q_len: list[int] | None = None
+    host_kv_len: list[int] | None = None
+    host_q_start: list[int] | None = None
+    host_kv_start: list[int] | None = None
     kv_keep: torch.Tensor | None = None  # [R] int8/bool, 0 = key row excluded
     inq_start: torch.Tensor | None = None  # [B] cache row of the first in-query key
     inq_mask: torch.Tensor | None = None  # [N, M] bool, M >= max q_len of sequences with in-query keys
@@ -97,6 +117,45 @@ def build_plan(
     )
 
 
+def static_plan(
+    n_seqs: int,
+    rows_per_seq: int,
+    block_m: int,
+    max_kv_len: int,
+    q_len: torch.Tensor,
+    kv_start: torch.Tensor,
+    kv_len: torch.Tensor,
+    device: torch.device | str,
+    kv_keep: torch.Tensor | None = None,
+    inq_start: torch.Tensor | None = None,
+    inq_mask: torch.Tensor | None = None,
+    score_query: torch.Tensor | None = None,
+) -> AttentionPlan:
+    """The fixed layout of a graph-captured step: sequence b owns packed rows [b*rows_per_seq, +q_len[b]).
+
+    q_len / kv_start / kv_len ([n_seqs] int32 on `device`) are used as given, not copied, so the caller can
+    rewrite them in place between replays; q_len[b] <= rows_per_seq and kv_len[b] <= max_kv_len are the
+    caller's to keep (not checked: that would need the values). The tile table is fixed: tile t belongs to
+    sequence t // ceil(rows_per_seq / block_m). Optional tensors as in AttentionPlan, over the
+    n_seqs * rows_per_seq packed rows (padding rows' entries are ignored).
+    """
+    device = torch.device(device)
+    for name, t in (("q_len", q_len), ("kv_start", kv_start), ("kv_len", kv_len), ("inq_start", inq_start)):
+        if t is not None and (t.shape != (n_seqs,) or t.dtype != torch.int32 or t.device != device):
+            raise ValueError(f"static_plan: {name} must be an int32 tensor [{n_seqs}] on {device}, got "
+                             f"{t.dtype} {tuple(t.shape)} on {t.device}")
+    tiles_per_seq = -(-rows_per_seq // block_m)
+    tile = torch.arange(n_seqs * tiles_per_seq, dtype=torch.int32)
+    tile_seq = tile // tiles_per_seq
+    tile_q0 = tile_seq * rows_per_seq + (tile % tiles_per_seq) * block_m
+    q_start = torch.arange(n_seqs, dtype=torch.int32) * rows_per_seq
+    return AttentionPlan(
+        q_start=q_start.to(device), q_len=q_len, kv_start=kv_start, kv_len=kv_len,
+        tile_seq=tile_seq.to(device), tile_q0=tile_q0.to(device), block_m=block_m, max_kv_len=max_kv_len,
+        kv_keep=kv_keep, inq_start=inq_start, inq_mask=inq_mask, score_query=score_query,
+    )
+
+
 def scheduled_attention_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -110,11 +169,14 @@ def scheduled_attention_reference(
     head_dim = q.shape[1] // n_heads
     group = n_heads // n_kv_heads
     scale = 1.0 / math.sqrt(head_dim)
-    out = torch.empty_like(q)
-    for b, n in enumerate(plan.host_q_len):
+    out = torch.empty_like(q)  # rows no sequence owns (a static plan's padding) stay unwritten
+    q_lens, q_starts = _host(plan.host_q_len, plan.q_len), _host(plan.host_q_start, plan.q_start)
+    kv_lens, kv_starts = _host(plan.host_kv_len, plan.kv_len), _host(plan.host_kv_start, plan.kv_start)
+    inq_starts = _host(plan.host_inq_start, plan.inq_start) if plan.inq_start is not None else plan.host_inq_start
+    for b, n in enumerate(q_lens):
         if n == 0:
             continue
-        q0, k0, kl = plan.host_q_start[b], plan.host_kv_start[b], plan.host_kv_len[b]
+        q0, k0, kl = q_starts[b], kv_starts[b], kv_lens[b]
         qb = q[q0 : q0 + n].float().view(n, n_heads, head_dim).transpose(0, 1)  # [H, n, Dh]
         rows = torch.arange(k0, k0 + kl, device=q.device)
         keep = torch.ones(kl, dtype=torch.bool, device=q.device)
@@ -122,8 +184,8 @@ def scheduled_attention_reference(
             keep = plan.kv_keep[rows].bool()
         key_rows = [rows]
         allowed = [keep[None, :].expand(n, kl)]
-        if plan.host_inq_start is not None and plan.inq_mask is not None:
-            i0 = plan.host_inq_start[b]
+        if inq_starts is not None and plan.inq_mask is not None:
+            i0 = inq_starts[b]
             key_rows.append(torch.arange(i0, i0 + n, device=q.device))
             allowed.append(plan.inq_mask[q0 : q0 + n, :n].bool())
         rows_all = torch.cat(key_rows)
@@ -145,6 +207,72 @@ def scheduled_attention_reference(
     return out
 
 
+def _host(values: list[int] | None, tensor: torch.Tensor) -> list[int]:
+    return values if values is not None else tensor.tolist()
+
+
+class ScheduledAttention:
+    """Scheduled attention bound once to a backend and a head geometry: op(q, k_cache, v_cache, plan, score_out).
+
+    backend "torch" runs the reference loop; "triton" the split-KV kernels (Triton is imported here, once).
+    check_inputs=True validates shapes, dtypes and strides on every call (host metadata only, no device
+    synchronisation); off, a call does a dict lookup and its launches. n_splits pins the key-split count and
+    n_sms the SM count it is chosen for (tests, benchmarks); by default it is chosen per plan shape.
+    """
+
+    def __init__(self, backend: str, n_heads: int, n_kv_heads: int, head_dim: int, check_inputs: bool = False,
+                 n_splits: int | None = None, n_sms: int | None = None):
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv_heads}")
+        self.backend, self.n_heads, self.n_kv_heads, self.head_dim = backend, n_heads, n_kv_heads, head_dim
+        self.check_inputs = check_inputs
+        if backend == "torch":
+            self.triton = None
+            self._run = self._reference
+        elif backend == "triton":
+            from ._scheduled_attention_launcher import TritonScheduledAttention  # imports triton
+
+            self.triton = TritonScheduledAttention(n_heads, n_kv_heads, head_dim, n_splits=n_splits, n_sms=n_sms)
+            self._run = self.triton
+        else:
+            raise ValueError(f"unknown kernel backend {backend!r}")
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan,
+                 score_out: torch.Tensor | None = None) -> torch.Tensor:
+        if self.check_inputs:
+            self._check(q, k_cache, v_cache, plan, score_out)
+        return self._run(q, k_cache, v_cache, plan, score_out)
+
+    def key_splits(self, q: torch.Tensor, plan: AttentionPlan, score_out: torch.Tensor | None = None) -> int:
+        """How many programs share each (tile, head)'s cache keys for this call (1 on the torch path)."""
+        return self.triton.bucket(q, plan, score_out).n_splits if self.triton else 1
+
+    def _reference(self, q, k_cache, v_cache, plan, score_out):
+        return scheduled_attention_reference(q, k_cache, v_cache, plan, self.n_heads, self.n_kv_heads, score_out)
+
+    def _check(self, q, k_cache, v_cache, plan, score_out) -> None:
+        width = self.n_kv_heads * self.head_dim
+        if q.dim() != 2 or q.shape[1] != self.n_heads * self.head_dim:
+            raise ValueError(f"q must be [N, {self.n_heads}*{self.head_dim}], got {tuple(q.shape)}")
+        if k_cache.shape[1:] != (width,) or v_cache.shape != k_cache.shape:
+            raise ValueError(f"caches must be [R, {self.n_kv_heads}*{self.head_dim}], got "
+                             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        if q.stride(1) != 1 or k_cache.stride(1) != 1 or v_cache.stride(1) != 1:
+            raise ValueError("q and the caches must be contiguous in their last dimension")
+        for name in ("q_start", "q_len", "kv_start", "kv_len", "tile_seq", "tile_q0"):
+            t = getattr(plan, name)
+            if t.dtype != torch.int32 or t.device != q.device:
+                raise ValueError(f"plan.{name} must be int32 on {q.device}, got {t.dtype} on {t.device}")
+        if score_out is not None and (score_out.dtype != torch.float32 or not score_out.is_contiguous()
+                                      or score_out.shape != (k_cache.shape[0],)):
+            raise ValueError("score_out must be a contiguous fp32 tensor [R]")
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_op(backend: str, n_heads: int, n_kv_heads: int, head_dim: int) -> ScheduledAttention:
+    return ScheduledAttention(backend, n_heads, n_kv_heads, head_dim, check_inputs=True)
+
+
 def scheduled_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -155,11 +283,5 @@ def scheduled_attention(
     score_out: torch.Tensor | None = None,
     backend: str = "torch",
 ) -> torch.Tensor:
-    """Dispatcher: "torch" runs the reference loop, "triton" the one-launch kernel."""
-    if backend == "torch":
-        return scheduled_attention_reference(q, k_cache, v_cache, plan, n_heads, n_kv_heads, score_out)
-    if backend == "triton":
-        from ._scheduled_attention_triton import scheduled_attention_triton  # triton imported on first use
-
-        return scheduled_attention_triton(q, k_cache, v_cache, plan, n_heads, n_kv_heads, score_out)
-    raise ValueError(f"unknown kernel backend {backend!r}")
+    """Functional form: one checked ScheduledAttention per (backend, geometry), built on first use."""
+    return _shared_op(backend, n_heads, n_kv_heads, q.shape[1] // n_heads)(q, k_cache, v_cache, plan, score_out)

@@ -1,0 +1,139 @@
+"""GPU benchmark of scheduled attention at Flash-Cache decode shapes: split-KV (auto split count) vs one split.
+
+Batch 1, 8 and 32; 128 query rows per sequence, the first 16 scored (attention mass on); 1,250..1,350 cached
+keys per sequence (mean ~1,300) in 2,048-key slots of a static plan; 5% of cache rows excluded; LLaDA-8B
+(32 query / 32 KV heads) and Dream-7B (28 / 4) geometry, head dim 128, bf16.
+
+Timing: one CUDA graph holds `calls` back-to-back calls over rotating cache copies (like a step's layers; the
+copies together exceed L2, so keys come from HBM as they would); 200 replays, each timed with CUDA events; the
+median replay time divided by `calls` is printed as microseconds per call. "one-split" pins n_splits=1, the
+(query tiles x heads) grid of the previous kernel; "auto" is the op's own choice; at batch 1 a sweep of forced
+split counts shows where the choice sits.
+Usage: python3 benchmarks/bench_attention.py [--csv PATH] [--block-m 64 ...]  (CUDA; TRITON_INTERPRET unset)
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+from flash_dllm.kernels.scheduled_attention import ScheduledAttention, scheduled_attention_reference, static_plan
+
+MODELS = {"llada-8b": (32, 32), "dream-7b": (28, 4)}  # query heads, KV heads
+HEAD_DIM, ROWS_PER_SEQ, SCORED_ROWS, SLOT = 128, 128, 16, 2048
+REPLAYS = 200
+ROWS: list[dict] = []
+
+
+class DecodeStep:
+    """Inputs of one attention call of a batched Flash-Cache step, with `copies` separate KV caches."""
+
+    def __init__(self, model: str, n_seqs: int, block_m: int, copies: int, seed: int = 0):
+        gen = torch.Generator().manual_seed(seed)
+        self.n_heads, self.n_kv_heads = MODELS[model]
+        width = self.n_kv_heads * HEAD_DIM
+        self.kv_lens = torch.randint(1250, 1351, (n_seqs,), generator=gen).tolist()
+        self.q = torch.randn(n_seqs * ROWS_PER_SEQ, self.n_heads * HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        self.caches = [(torch.randn(n_seqs * SLOT, width, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(n_seqs * SLOT, width, device="cuda", dtype=torch.bfloat16)) for _ in range(copies)]
+        ints = lambda values: torch.tensor(values, dtype=torch.int32, device="cuda")  # noqa: E731
+        keep = (torch.rand(n_seqs * SLOT, generator=gen) > 0.05).to("cuda", torch.int8)
+        score_query = (torch.arange(n_seqs * ROWS_PER_SEQ) % ROWS_PER_SEQ < SCORED_ROWS).to("cuda")
+        self.plan = static_plan(n_seqs, ROWS_PER_SEQ, block_m, SLOT, ints([ROWS_PER_SEQ] * n_seqs),
+                                ints([b * SLOT for b in range(n_seqs)]), ints(self.kv_lens), "cuda", kv_keep=keep,
+                                score_query=score_query)
+        self.score = torch.zeros(n_seqs * SLOT, device="cuda")
+
+    def bytes_read(self) -> int:
+        """K and V bytes one call must read (each visible cache row once)."""
+        return 2 * sum(self.kv_lens) * self.n_kv_heads * HEAD_DIM * 2
+
+    def flops(self) -> int:
+        return 4 * HEAD_DIM * self.n_heads * ROWS_PER_SEQ * sum(self.kv_lens)
+
+
+def graph_us_per_call(op: ScheduledAttention, step: DecodeStep) -> float:
+    """Median over REPLAYS of one graph replay of len(step.caches) calls, per call, in microseconds."""
+    def calls():
+        for k_cache, v_cache in step.caches:
+            op(step.q, k_cache, v_cache, step.plan, step.score)
+
+    calls()  # eager first: schedule, workspace, compile, autotune
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    for _ in range(5):
+        graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(REPLAYS)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(REPLAYS)]
+    for start, end in zip(starts, ends):
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    times = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)])
+    return times.median().item() * 1000 / len(step.caches)
+
+
+def rel_err_vs_reference(op: ScheduledAttention, step: DecodeStep) -> float:
+    k_cache, v_cache = step.caches[0]
+    out = op(step.q, k_cache, v_cache, step.plan)
+    ref = scheduled_attention_reference(step.q, k_cache, v_cache, step.plan, step.n_heads, step.n_kv_heads)
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def bench(model: str, n_seqs: int, block_m: int, l2_bytes: int) -> None:
+    probe = DecodeStep(model, n_seqs, block_m, copies=1)
+    copies = max(2, min(32, math.ceil(3 * l2_bytes / probe.bytes_read())))
+    del probe
+    step = DecodeStep(model, n_seqs, block_m, copies)
+    shape = f"B={n_seqs} rows={ROWS_PER_SEQ} kv~{sum(step.kv_lens) // n_seqs} bm={block_m}"
+    print(f"\n{model} {shape} (graph of {copies} calls)", flush=True)
+    auto = ScheduledAttention("triton", step.n_heads, step.n_kv_heads, HEAD_DIM)
+    chosen = auto.key_splits(step.q, step.plan, step.score)
+    variants = [("one-split", 1), (f"auto (n_splits={chosen})", None)]
+    if n_seqs == 1:
+        variants += [(f"forced n_splits={n}", n) for n in (2, 3, 4, 5, 6, 8) if n != chosen]
+    baseline = None
+    for name, n_splits in variants:
+        op = auto if n_splits is None else ScheduledAttention("triton", step.n_heads, step.n_kv_heads, HEAD_DIM,
+                                                              n_splits=n_splits)
+        us = graph_us_per_call(op, step)
+        baseline = baseline or us
+        err = rel_err_vs_reference(op, step)
+        row = {"op": "scheduled_attention", "model": model, "shape": shape, "variant": name, "us": round(us, 2),
+               "vs_one_split": round(baseline / us, 3), "gbs": round(step.bytes_read() / us / 1e3, 1),
+               "tflops": round(step.flops() / us / 1e6, 1), "rel_err": f"{err:.2e}"}
+        ROWS.append(row)
+        print(f"  {name:<24} {us:8.1f} us  x{row['vs_one_split']:<6} {row['gbs']:7.1f} GB/s "
+              f"{row['tflops']:6.1f} TFLOP/s  rel_err {row['rel_err']}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", help="write all measurements here")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--block-m", type=int, nargs="+", default=[64])
+    args = parser.parse_args()
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") == "1":
+        sys.exit("bench_attention.py needs a CUDA device and TRITON_INTERPRET unset")
+    props = torch.cuda.get_device_properties(0)
+    print(f"{torch.cuda.get_device_name(0)}: {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MB; "
+          f"median of {REPLAYS} graph replays", flush=True)
+    for model in MODELS:
+        for n_seqs in args.batches:
+            for block_m in args.block_m:
+                bench(model, n_seqs, block_m, props.L2_cache_size)
+                torch.cuda.empty_cache()
+    if args.csv:
+        from bench_kernels import device_env, write_rows_csv  # the project's one CSV writer
+
+        write_rows_csv(args.csv, ROWS, {**device_env(), "sms": props.multi_processor_count})
+
+
+if __name__ == "__main__":
+    main()

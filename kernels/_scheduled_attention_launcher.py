@@ -1,0 +1,176 @@
+"""Host side of the Triton scheduled attention: the key-split choice, the per-bucket schedule and workspace.
+
+A bucket is everything about a call that is fixed for a CUDA graph: device, dtype, packed query rows, tiles,
+tile height, the plan's static `max_kv_len` and which optional inputs are present. Its first call (eager)
+picks the split count, the grids and the workspace; later calls only launch, so a call can be captured in a
+CUDA graph and replayed with new plan tensor contents. Nothing here reads plan tensor values.
+
+The workspace is one grow-only fp32 buffer per device shared by all buckets (stream-ordered launches reuse
+it; do not run one op on two streams at once). A buffer that is outgrown stays alive, because a graph captured
+earlier may still point into it.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import triton
+
+from . import interpreting
+from ._scheduled_attention_triton import LOG2E, _attention_combine_kernel, _attention_split_kernel
+
+WAVES = 2  # the split count aims at about this many programs per SM
+MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed cost (q load, partial store, combine) outweighs its keys
+INTERPRETER_SMS = 16  # a made-up machine, so the interpreter's default schedule splits small test problems too
+MAX_BUCKETS = 256  # ragged eager plans make a new bucket almost every step; old schedules are cheap to rebuild
+
+
+def choose_splits(n_tiles: int, n_heads: int, max_kv_len: int, n_sms: int) -> int:
+    """Key splits per (tile, head) so that the grid covers the SMs about WAVES times, each split keeping at
+    least MIN_KEYS_PER_SPLIT of the longest sequence's keys; 1 when the tiles alone fill the machine."""
+    programs = n_tiles * n_heads
+    if programs == 0:
+        return 1
+    wanted = round(WAVES * n_sms / programs)
+    return max(1, min(wanted, max_kv_len // MIN_KEYS_PER_SPLIT))
+
+
+class BucketKey(NamedTuple):
+    device: torch.device
+    dtype: torch.dtype
+    n_rows: int
+    n_tiles: int
+    block_m: int
+    max_kv_len: int
+    has_keep: bool
+    has_inq: bool
+    has_score: bool
+
+
+@dataclass
+class Bucket:
+    """The fixed schedule of one bucket."""
+
+    n_splits: int
+    n_parts: int  # workspace parts: the key splits, plus one for the in-query keys
+    split_grid: tuple[int, int, int]
+    combine_grid: tuple[int, int, int] | None  # None: one split, the split kernel writes the output
+    acc_ws: torch.Tensor | None  # [parts, rows, heads, head_dim] fp32 partial outputs, unnormalised
+    m_ws: torch.Tensor | None  # [parts, rows, heads] fp32 partial row max (log2 domain)
+    l_ws: torch.Tensor | None  # [parts, rows, heads] fp32 partial row sum
+    split_meta: dict
+    combine_meta: dict
+
+
+class TritonScheduledAttention:
+    """Split-KV scheduled attention for one head geometry; call as f(q, k_cache, v_cache, plan, score_out)."""
+
+    def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, n_splits: int | None = None,
+                 n_sms: int | None = None):
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.group = n_heads // n_kv_heads
+        self.qk_scale_log2 = LOG2E / math.sqrt(head_dim)
+        self.forced_splits = n_splits  # tests and benchmarks pin the split count
+        self.n_sms = n_sms
+        self._buckets: OrderedDict[BucketKey, Bucket] = OrderedDict()
+        self._workspaces: dict[torch.device, torch.Tensor] = {}
+        self._outgrown: list[torch.Tensor] = []  # kept alive for graphs that captured them
+
+    def bucket(self, q: torch.Tensor, plan, score_out: torch.Tensor | None = None) -> Bucket:
+        """The schedule a call with these arguments uses (made on the first call of its bucket)."""
+        key = BucketKey(q.device, q.dtype, q.shape[0], plan.tile_seq.shape[0], plan.block_m, plan.max_kv_len,
+                        plan.kv_keep is not None, plan.inq_start is not None and plan.inq_mask is not None,
+                        score_out is not None and plan.score_query is not None)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = self._new_bucket(key)
+            if len(self._buckets) > MAX_BUCKETS:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+        return bucket
+
+    def __call__(self, q, k_cache, v_cache, plan, score_out=None) -> torch.Tensor:
+        out = torch.empty_like(q)
+        if plan.tile_seq.shape[0] == 0 or q.shape[0] == 0:
+            return out
+        bucket = self.bucket(q, plan, score_out)
+        meta = bucket.split_meta
+        has_inq, has_score = meta["HAS_INQ"], bucket.combine_meta["HAS_SCORE"]
+        keep = _as_flags(plan.kv_keep) if meta["HAS_KEEP"] else q
+        inq_mask = _as_flags(plan.inq_mask) if has_inq else q
+        if has_inq and inq_mask.stride(1) != 1:
+            inq_mask = inq_mask.contiguous()
+        score_query = _as_flags(plan.score_query) if has_score else q
+        scores = score_out if has_score else q
+        workspace = (bucket.acc_ws, bucket.m_ws, bucket.l_ws) if bucket.combine_grid else (q, q, q)
+        _attention_split_kernel[bucket.split_grid](
+            q, k_cache, v_cache, out,
+            plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len,
+            keep, plan.inq_start if has_inq else q, inq_mask, score_query, scores, *workspace,
+            q.stride(0), k_cache.stride(0), v_cache.stride(0), out.stride(0), inq_mask.stride(0),
+            plan.block_m, self.group, bucket.n_splits, q.shape[0], self.qk_scale_log2, **meta,
+        )
+        if bucket.combine_grid:
+            _attention_combine_kernel[bucket.combine_grid](
+                q, k_cache, out,
+                plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len,
+                keep, score_query, scores, *workspace,
+                q.stride(0), k_cache.stride(0), out.stride(0),
+                plan.block_m, self.group, bucket.n_splits, bucket.n_parts, q.shape[0], self.qk_scale_log2,
+                **bucket.combine_meta,
+            )
+        return out
+
+    def _new_bucket(self, key: BucketKey) -> Bucket:
+        if key.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("scheduled attention: the first call of a plan shape must run eagerly, before CUDA "
+                               f"graph capture (it sizes the workspace); new shape {key}")
+        if self.forced_splits is not None:
+            n_splits = self.forced_splits
+        else:
+            n_sms = self.n_sms or _sm_count(key.device)
+            n_splits = choose_splits(key.n_tiles, self.n_heads, key.max_kv_len, n_sms)
+        one_pass = n_splits == 1
+        common = {
+            "HEAD_DIM": self.head_dim, "BLOCK_D": max(16, triton.next_power_of_2(self.head_dim)),
+            "BLOCK_M": max(16, triton.next_power_of_2(key.block_m)),  # covers the plan's tile; tl.dot needs >= 16
+            "HAS_KEEP": key.has_keep, "UPCAST": interpreting(),
+            "DOT_PRECISION": "ieee" if key.dtype == torch.float32 else "tf32",
+        }
+        split_meta = {**common, "HAS_INQ": key.has_inq, "HAS_SCORE": key.has_score and one_pass,
+                      "ONE_PASS": one_pass}
+        combine_meta = {**common, "HAS_SCORE": key.has_score}
+        if one_pass:
+            return Bucket(1, 1, (key.n_tiles, self.n_heads, 1), None, None, None, None, split_meta, combine_meta)
+        n_parts = n_splits + key.has_inq
+        acc_ws, m_ws, l_ws = self._workspace(key.device, n_parts * key.n_rows * self.n_heads)
+        combine_grid = (key.n_tiles, self.n_heads, n_splits if key.has_score else 1)
+        return Bucket(n_splits, n_parts, (key.n_tiles, self.n_heads, n_parts), combine_grid, acc_ws, m_ws, l_ws,
+                      split_meta, combine_meta)
+
+    def _workspace(self, device: torch.device, n_row_heads: int):
+        """Views (acc, row max, row sum) over the device's shared buffer, grown (never shrunk) to fit."""
+        need = n_row_heads * (self.head_dim + 2)
+        buffer = self._workspaces.get(device)
+        if buffer is None or buffer.numel() < need:
+            if buffer is not None:
+                self._outgrown.append(buffer)
+            buffer = self._workspaces[device] = torch.empty(need, dtype=torch.float32, device=device)
+        acc = buffer[: n_row_heads * self.head_dim]
+        m = buffer[n_row_heads * self.head_dim : n_row_heads * (self.head_dim + 1)]
+        return acc, m, buffer[n_row_heads * (self.head_dim + 1) : need]
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_SMS
+
+
+def _as_flags(t: torch.Tensor) -> torch.Tensor:
+    """bool/int8 masks as a byte view (Triton loads bytes; nonzero = True)."""
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
