@@ -34,11 +34,10 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
-from flash_dllm.kernels._scheduled_attention_triton import _scheduled_attention_kernel
 from flash_dllm.kernels.fused_qkv_rope_cache import (KERNEL_PATHS, FusedQKVRopeCache, forced_fused_qkv,
                                                      fused_qkv_rope_cache, fused_qkv_rope_cache_reference,
                                                      read_path_request)
-from flash_dllm.kernels.scheduled_attention import build_plan, scheduled_attention
+from flash_dllm.kernels.scheduled_attention import ScheduledAttention, build_plan, scheduled_attention
 
 MODELS = {  # n_heads, n_kv_heads, head_dim, d_model, bias, rope theta
     "llada-8b": (32, 32, 128, 4096, False, 5e5),
@@ -237,7 +236,8 @@ def bench_attention(model: str) -> None:
             out = scheduled_attention(q, kc, vc, plan, n_heads, n_kv_heads, so, backend="triton")
             err = ((out.float() - loop_out.float()).norm() / loop_out.float().norm()).item()
             t = median_ms(lambda: scheduled_attention(q, kc, vc, plan, n_heads, n_kv_heads, so, backend="triton"))
-            config = str(_scheduled_attention_kernel.best_config).replace(",", ";")
+            splits = ScheduledAttention("triton", n_heads, n_kv_heads, 128).key_splits(q, plan, so)
+            config = f"key splits {splits}"
             record("scheduled_attention", model, shape, f"scheduled[bm={block_m}{'+score' if with_score else ''}]",
                    t, tflops=flops / t / 1e9, vs_padded_sdpa=t_pad / t, vs_sdpa_loop=t_loop / t, rel_err=err,
                    config=config)

@@ -19,7 +19,7 @@ from flash_dllm.engine.config import ModelConfig
 from flash_dllm.kernels.add_rms_norm import AddRMSNorm
 from flash_dllm.kernels.fused_qkv_rope_cache import FusedQKVRopeCache, rope_rotate_half
 from flash_dllm.kernels.silu_mul import SiluMul
-from flash_dllm.kernels.scheduled_attention import AttentionPlan, scheduled_attention
+from flash_dllm.kernels.scheduled_attention import AttentionPlan, ScheduledAttention
 
 
 @dataclass
@@ -151,20 +151,16 @@ class KernelOps:
     """The kernels a cached forward runs, bound once to a backend ("triton" or the "torch" references)."""
 
     backend: str
-    fused_qkv: object  # kernels.fused_qkv_rope_cache.FusedQKVRopeCache
-    norm: object  # kernels.add_rms_norm.AddRMSNorm (residual add folded into the norm that follows it)
-    silu_mul: object  # kernels.silu_mul.SiluMul
-    n_heads: int
-    n_kv_heads: int
-
-    def attention(self, q, k_cache, v_cache, plan, score_out=None):
-        return scheduled_attention(q, k_cache, v_cache, plan, self.n_heads, self.n_kv_heads, score_out=score_out,
-                                   backend=self.backend)
+    fused_qkv: FusedQKVRopeCache
+    attention: ScheduledAttention
+    norm: AddRMSNorm  # the residual add folded into the norm that follows it
+    silu_mul: SiluMul
 
 
 def bind_kernels(config: ModelConfig, backend: str) -> KernelOps:
-    return KernelOps(backend, FusedQKVRopeCache(backend, config.n_heads, config.n_kv_heads), AddRMSNorm(backend),
-                     SiluMul(backend), config.n_heads, config.n_kv_heads)
+    return KernelOps(backend, FusedQKVRopeCache(backend, config.n_heads, config.n_kv_heads),
+                     ScheduledAttention(backend, config.n_heads, config.n_kv_heads, config.head_dim),
+                     AddRMSNorm(backend), SiluMul(backend))
 
 
 def forward_cached(
