@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# On a CUDA machine: the decode step's GPU tests (graph replay == eager, tiny and full geometry), the kernels'
+# GPU tests, `flash-dllm-chat bench decode` and a profile of a steady step. Works from a bare checkout.
+# Usage: benchmarks/gpu_decode_check.sh [stage ...]   stages: decode-tests kernel-tests bench profile (default all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-benchmarks/results/gpu-check}
+mkdir -p "$out"
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+if ! python3 -c "import flash_dllm.engine" 2>/dev/null; then  # a bare checkout: expose the packages
+    shim=$(mktemp -d); mkdir -p "$shim/flash_dllm"
+    for d in app engine kernels assets; do ln -s "$PWD/$d" "$shim/flash_dllm/$d"; done
+    export PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}"
+fi
+stages=${*:-decode-tests bench profile kernel-tests}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
+workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 8)
+for stage in $stages; do
+  echo "=== $stage $(date +%T)"
+  case $stage in
+    decode-tests) timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_device_decoder.py -k cuda \
+                    2>&1 | tail -25 | tee "$out/decode-tests.log" ;;
+    kernel-tests) timeout 400 python3 -m pytest -q -p no:cacheprovider --noconftest "${workers[@]}" \
+                    tests/test_kernel_small_ops.py tests/test_kernel_scheduled_attention.py \
+                    tests/test_kernel_fused_qkv_rope_cache.py -k "${KERNEL_TESTS:-graph or capture or cuda or full}" \
+                    2>&1 | tail -30 | tee "$out/kernel-tests.log" ;;
+    bench) timeout 400 python3 -m flash_dllm.engine.bench decode --geometry "${GEOMETRY:-llada-8b}" \
+             --methods "${METHODS:-flash-cache,flash-verify,fast-dllm}" --batch-sizes "${BATCHES:-1}" \
+             --iterations "${ITERATIONS:-150}" --repeats "${REPEATS:-1}" --out "$out/bench" 2>&1 | tail -30 ;;
+    profile) timeout 300 python3 benchmarks/profile_step.py --geometry "${GEOMETRY:-llada-8b}" \
+               --method "${PROFILE_METHOD:-flash-cache}" 2>&1 | tail -32 | tee "$out/profile.log" ;;
+  esac
+done
