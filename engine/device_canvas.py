@@ -139,7 +139,8 @@ class DeviceCanvas:
         ok &= at <= self.end[:, None]
         dump = torch.full_like(at, width)  # column `width` of a widened copy: writes that must not land
         target = torch.where(ok, at, dump)
-        order = torch.cumsum(ok.long(), 1) - 1 + torch.as_tensor(rank_base, device=cells.device).reshape(-1, 1)
+        base = rank_base[:, None] if isinstance(rank_base, torch.Tensor) else rank_base  # no host copy in a graph
+        order = torch.cumsum(ok.long(), 1) - 1 + base
         _scatter_cols(self.answer, target, tokens)
         _scatter_cols(self.confidence, target, confidences)
         _scatter_cols(self.newly_rank, target, order)
