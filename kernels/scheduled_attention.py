@@ -140,6 +140,8 @@ def static_plan(
     n_seqs * rows_per_seq packed rows (padding rows' entries are ignored).
     """
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" names the current device, as tensors report it
+        device = torch.device("cuda", torch.cuda.current_device())
     for name, t in (("q_len", q_len), ("kv_start", kv_start), ("kv_len", kv_len), ("inq_start", inq_start)):
         if t is not None and (t.shape != (n_seqs,) or t.dtype != torch.int32 or t.device != device):
             raise ValueError(f"static_plan: {name} must be an int32 tensor [{n_seqs}] on {device}, got "
