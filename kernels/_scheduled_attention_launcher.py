@@ -20,7 +20,8 @@ import torch
 import triton
 
 from . import interpreting
-from ._scheduled_attention_triton import LOG2E, _attention_combine_kernel, _attention_split_kernel
+from ._scheduled_attention_triton import (COMBINE_ROWS, LOG2E, _attention_combine_kernel,
+                                         _attention_split_kernel)
 
 WAVES = 2  # the split count aims at about this many programs per SM
 MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed cost (q load, partial store, combine) outweighs its keys
@@ -148,7 +149,8 @@ class TritonScheduledAttention:
             return Bucket(1, 1, (key.n_tiles, self.n_heads, 1), None, None, None, None, split_meta, combine_meta)
         n_parts = n_splits + key.has_inq
         acc_ws, m_ws, l_ws = self._workspace(key.device, n_parts * key.n_rows * self.n_heads)
-        combine_grid = (key.n_tiles, self.n_heads, n_splits if key.has_score else 1)
+        row_chunks = common["BLOCK_M"] // COMBINE_ROWS.value
+        combine_grid = (key.n_tiles, self.n_heads, max(row_chunks, n_splits if key.has_score else 1))
         return Bucket(n_splits, n_parts, (key.n_tiles, self.n_heads, n_parts), combine_grid, acc_ws, m_ws, l_ws,
                       split_meta, combine_meta)
 

@@ -10,8 +10,8 @@ Two launches when the keys are split (flash-decoding style), one when they are n
   part n_splits its in-query keys (Flash-Verify). It writes the unnormalised partial (acc, row max, row sum)
   to a workspace. With ONE_PASS (a single split) one program walks all keys, then in-query keys, and writes
   the normalised output itself, so no workspace and no second launch.
-* `_attention_combine_kernel`, grid (query tiles, query heads, n_splits if attention mass else 1): merges the
-  parts into the final (row max, row sum), and program 0 of each (tile, head) writes the normalised output.
+* `_attention_combine_kernel`, grid (query tiles, query heads, max(BLOCK_M / 16, n_splits if attention mass)):
+  program z merges the parts of 16 of the tile's rows into their final (row max, row sum) and normalised output.
 
 Attention mass needs each query's final row max and sum. Every combine program (or the one-pass program)
 recomputes, for its own key range, the logits of the tile's score_query rows only, gathered 16 at a time, and
@@ -32,6 +32,7 @@ LOG2E = 1.4426950408889634
 # Split ranges are cut in whole granules, so a split never starts inside another's key block of this size.
 KEY_GRANULE = tl.constexpr(64)
 SCORE_ROWS = tl.constexpr(16)  # score rows recomputed together (tl.dot needs at least 16 rows)
+COMBINE_ROWS = tl.constexpr(16)  # output rows one combine program merges ([16, Dh] fp32 fits in registers)
 
 # (BLOCK_N, num_warps, num_stages) candidates: 4 warps (one warpgroup) for tiles under 128 rows, 8 above.
 _CUDA_CANDIDATES = {4: [(32, 4, 3), (64, 4, 3), (128, 4, 2)], 8: [(64, 8, 3), (128, 8, 3), (64, 8, 2)]}
@@ -45,11 +46,10 @@ def _configs() -> list:
 
 
 def _combine_configs() -> list:
-    """The combine's key loop only serves the score rows (16 at a time); warps follow the tile height."""
+    """The combine works on 16 rows at a time (output chunks, score rows), whatever the tile height."""
     if interpreting():
         return [triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for w in (4, 8)
-            for n, s in ((64, 2), (64, 3), (128, 2))]
+    return [triton.Config({"BLOCK_N": n}, num_warps=4, num_stages=s) for n, s in ((32, 2), (64, 2), (64, 3), (128, 2))]
 
 
 def _prune_configs(configs, named_args, **kwargs):
@@ -77,8 +77,9 @@ def _attention_split_kernel(
     head = tl.program_id(1)
     part = tl.program_id(2)
     kv_col = (head // group) * HEAD_DIM  # GQA: query head h reads KV head h // (Hq // Hkv)
-    seq, offs_m, row_ok, kv_start, kv_len = _tile_rows(tile, tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr,
-                                                       kv_start_ptr, kv_len_ptr, tile_rows, BLOCK_M)
+    seq, q0, q_end, kv_start, kv_len = _tile_bounds(tile, tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr,
+                                                    kv_start_ptr, kv_len_ptr)
+    offs_m, row_ok = _tile_slice(q0, q_end, tile_rows, 0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     q_ptrs = q_ptr + offs_m.to(tl.int64)[:, None] * stride_q + (head * HEAD_DIM + offs_d)[None, :]
@@ -133,7 +134,7 @@ def _attention_split_kernel(
 
 
 @triton.autotune(configs=_combine_configs(), key=["BLOCK_M", "HEAD_DIM", "HAS_KEEP", "HAS_SCORE"],
-                 prune_configs_by={"early_config_prune": _prune_configs}, restore_value=["score_out_ptr"])
+                 restore_value=["score_out_ptr"])
 @triton.jit(do_not_specialize=["tile_rows", "group", "n_splits", "n_parts", "n_rows"])
 def _attention_combine_kernel(
     q_ptr, k_ptr, out_ptr,
@@ -145,57 +146,74 @@ def _attention_combine_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_KEEP: tl.constexpr, HAS_SCORE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """Program z merges output rows [16z, 16z + 16) of its tile (while z < BLOCK_M / 16) and, with attention
+    mass, recomputes the tile's score rows over key split z (while z < n_splits)."""
     tile = tl.program_id(0)
     head = tl.program_id(1)
-    split = tl.program_id(2)
-    seq, offs_m, row_ok, kv_start, kv_len = _tile_rows(tile, tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr,
-                                                       kv_start_ptr, kv_len_ptr, tile_rows, BLOCK_M)
+    z = tl.program_id(2)
+    seq, q0, q_end, kv_start, kv_len = _tile_bounds(tile, tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr,
+                                                    kv_start_ptr, kv_len_ptr)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    ws_row = offs_m.to(tl.int64) * tl.num_programs(1) + head
     part_stride = (n_rows * tl.num_programs(1)).to(tl.int64)
 
-    m_f = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_f = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for p in range(n_parts):  # final row max and sum over every part, the in-query part included
-        m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"))
-        l_p = tl.load(l_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=0.0)
-        m_new = tl.maximum(m_f, m_p)
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # empty parts carry (-inf, 0, 0)
-        l_f = l_f * tl.exp2(m_f - m_ref) + l_p * tl.exp2(m_p - m_ref)
-        m_f = m_new
-
-    if split == 0:
+    if z < BLOCK_M // COMBINE_ROWS:
+        rows, row_ok = _tile_slice(q0, q_end, tile_rows, z * COMBINE_ROWS, COMBINE_ROWS)
+        ws_row = rows.to(tl.int64) * tl.num_programs(1) + head
+        m_f, l_f = _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, n_parts, COMBINE_ROWS)
         m_ref = tl.where(m_f == float("-inf"), 0.0, m_f)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        acc = tl.zeros([COMBINE_ROWS, BLOCK_D], dtype=tl.float32)
         for p in range(n_parts):
             m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"))
             acc_ptrs = acc_ws_ptr + (p * part_stride + ws_row)[:, None] * HEAD_DIM + offs_d[None, :]
             acc_p = tl.load(acc_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
             acc += acc_p * tl.exp2(m_p - m_ref)[:, None]
         out = acc * (1.0 / tl.maximum(l_f, 1.0))[:, None]  # l_f == 0: no visible key, acc is 0, output 0
-        out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_out + (head * HEAD_DIM + offs_d)[None, :]
+        out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_out + (head * HEAD_DIM + offs_d)[None, :]
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
     if HAS_SCORE:
-        scored = tl.load(score_query_ptr + offs_m, mask=row_ok, other=0) != 0
-        lo, hi = _split_range(split, n_splits, kv_len, KEY_GRANULE)
-        _add_attention_mass(q_ptr, k_ptr, kv_keep_ptr, score_out_ptr, stride_q, stride_k, head * HEAD_DIM,
-                            (head // group) * HEAD_DIM, offs_m, scored, m_f, l_f, kv_start, lo, hi, qk_scale_log2,
-                            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_KEEP, UPCAST, DOT_PRECISION)
+        if z < n_splits:
+            offs_m, row_ok = _tile_slice(q0, q_end, tile_rows, 0, BLOCK_M)
+            ws_row = offs_m.to(tl.int64) * tl.num_programs(1) + head
+            m_f, l_f = _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, n_parts, BLOCK_M)
+            scored = tl.load(score_query_ptr + offs_m, mask=row_ok, other=0) != 0
+            lo, hi = _split_range(z, n_splits, kv_len, KEY_GRANULE)
+            _add_attention_mass(q_ptr, k_ptr, kv_keep_ptr, score_out_ptr, stride_q, stride_k, head * HEAD_DIM,
+                                (head // group) * HEAD_DIM, offs_m, scored, m_f, l_f, kv_start, lo, hi,
+                                qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_KEEP, UPCAST, DOT_PRECISION)
 
 
 @triton.jit
-def _tile_rows(tile, tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr, kv_start_ptr, kv_len_ptr, tile_rows,
-               BLOCK_M: tl.constexpr):
-    """The tile's sequence, its packed query rows, which of them are real queries, and its cache range."""
+def _tile_bounds(tile, tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr, kv_start_ptr, kv_len_ptr):
+    """The tile's sequence, its first packed row, the end of the sequence's real rows, its cache range."""
     seq = tl.load(tile_seq_ptr + tile)
-    q0 = tl.load(tile_q0_ptr + tile)
     q_end = tl.load(q_start_ptr + seq) + tl.load(q_len_ptr + seq)
-    offs_m = q0 + tl.arange(0, BLOCK_M)
-    # Rows past q_len (a static plan's padding, or the next sequence of a ragged one) are never loaded or stored.
-    row_ok = (tl.arange(0, BLOCK_M) < tile_rows) & (offs_m < q_end)
-    return seq, offs_m, row_ok, tl.load(kv_start_ptr + seq), tl.load(kv_len_ptr + seq)
+    return seq, tl.load(tile_q0_ptr + tile), q_end, tl.load(kv_start_ptr + seq), tl.load(kv_len_ptr + seq)
+
+
+@triton.jit
+def _tile_slice(q0, q_end, tile_rows, first, BLOCK: tl.constexpr):
+    """Packed rows [first, first + BLOCK) of the tile and which are real queries: rows past q_len (a static
+    plan's padding, or the next sequence of a ragged one) are never loaded or stored."""
+    local = first + tl.arange(0, BLOCK)
+    rows = q0 + local
+    return rows, (local < tile_rows) & (rows < q_end)
+
+
+@triton.jit
+def _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, n_parts, BLOCK: tl.constexpr):
+    """Final (row max, row sum) of each row over every part, the in-query part included."""
+    m_f = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    l_f = tl.zeros([BLOCK], dtype=tl.float32)
+    for p in range(n_parts):
+        m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"))
+        l_p = tl.load(l_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=0.0)
+        m_new = tl.maximum(m_f, m_p)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # empty parts carry (-inf, 0, 0)
+        l_f = l_f * tl.exp2(m_f - m_ref) + l_p * tl.exp2(m_p - m_ref)
+        m_f = m_new
+    return m_f, l_f
 
 
 @triton.jit

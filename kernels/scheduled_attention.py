@@ -1,7 +1,7 @@
 """Scheduled (block-table) bidirectional flash attention over a packed, ragged batch of query chunks.
 
 Each sequence b owns:
-  * queries: packed rows q_start[b] .. q_start[b] + q_len[b] of ``q`` (no padding between sequences);
+  * queries: packed rows q_start[b] .. q_start[b] + q_len[b] of ``q`` (rows no sequence owns are padding);
   * cache keys: rows kv_start[b] .. kv_start[b] + kv_len[b] of k_cache / v_cache (its slot: prompt + canvas),
     minus any row with kv_keep[row] == 0 when ``kv_keep`` is given (rows that the query replaces);
   * optionally in-query keys: rows inq_start[b] .. inq_start[b] + q_len[b] of the cache (scratch rows that
@@ -9,8 +9,8 @@ Each sequence b owns:
     inq_mask[i, j] is True (Flash-Verify's chain mask between draft and mask views).
 No causal mask. Softmax in fp32 with scale 1/sqrt(Dh). GQA: query head h reads KV head h // (Hq // Hkv).
 
-A tile table built once per step maps each BLOCK_M-row query tile to its sequence, so one launch serves a
-sequence doing a full prefill beside one doing a 128-token refresh.
+A tile table maps each block_m-row query tile to its sequence, so one launch serves a sequence doing a full
+prefill beside one doing a 128-token refresh.
 
 Attention mass (Flash-Cache's tracked-token policy): when ``score_out`` [R] fp32 is given, for every query
 row with score_query[row] True (the masked-window rows) and every head, the *softmax probability* that the
@@ -25,7 +25,8 @@ Two plan layouts:
     past its q_len are padding (never read as queries, never written: their output is unspecified). The
     q_len / kv_start / kv_len tensors are the caller's and may be rewritten in place between graph replays.
 The kernel reads only plan tensors (never host values), so one captured launch serves every step of a
-bucket. `max_kv_len` is a static upper bound on every kv_len of the plan, used only to size the key split.
+bucket. `max_kv_len` is a static upper bound on every kv_len of the plan, used only to choose how many
+ways to split keys (the split ranges are cut from each runtime kv_len, so results never depend on it).
 
 Bind once: `ScheduledAttention(backend, n_heads, n_kv_heads, head_dim)` resolves the backend at
 construction; its Triton path splits each sequence's keys over several programs when the query tiles alone
