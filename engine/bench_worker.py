@@ -125,6 +125,7 @@ def measure(engine, method: str, batch: int, args) -> dict:
     cuda = engine.device.type == "cuda"
     row = {"method": method, "batch": batch, "model": engine.name, "prompt_length": args.prompt_length,
            "gen_length": args.gen_length, "kernels": engine.kernels, "graphs": engine.graphs and cuda}
+    engine.release_decode_memory()  # the previous cell's KV cache must not count in this cell's peak
     if cuda:
         torch.cuda.reset_peak_memory_stats(engine.device)
     try:

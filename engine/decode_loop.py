@@ -28,7 +28,7 @@ from flash_dllm.engine.packing import KVCache, Layout, Packer, QueryPlan, groups
 from flash_dllm.engine.sampling import DRAFT_PASS, VERIFY_PASS, Predictions, noise_keys, predict
 from flash_dllm.engine.step_records import HostRecord, StepRecords, step_events
 
-MAX_ROWS = 8192  # query rows per forward of an eager whole-sequence step (bounds its activation memory)
+MAX_ROWS = 4096  # query rows per forward of an eager whole-sequence step (bounds its activation memory)
 EAGER_BEFORE_CAPTURE = 2  # steady steps run eagerly first: Triton compiles and tunes its kernels there
 
 

@@ -91,7 +91,8 @@ class FlashCache(DeviceMethod):
         L = canvas.slot_len
         self.steady_rows = L if track < 0 else min(L, window * (2 if shift else 1) + lookahead + track)
         self.readout = window
-        self.attended = torch.full((canvas.n_slots, max(track, 1)), -1, dtype=torch.int64, device=canvas.tokens.device)
+        self.attended = torch.full((canvas.n_slots, max(min(track, L), 1)), -1, dtype=torch.int64,
+                                   device=canvas.tokens.device)
         self.tracks_attention = track > 0
 
     def reset(self, canvas: DeviceCanvas) -> None:

@@ -232,6 +232,11 @@ class Engine:
         self._decode = (key, session)
         return session
 
+    def release_decode_memory(self) -> None:
+        """Free the last call's decode state (KV cache, captured graph); the next call builds it again."""
+        with self._lock:
+            self._drop_session()
+
     def _drop_session(self) -> None:
         self._decode = None
         if torch.cuda.is_available():

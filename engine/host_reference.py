@@ -27,8 +27,9 @@ from flash_dllm.engine.verify import accept_cumulative, accept_paper, padded, pi
 
 
 def slot_length(total_lengths: list[int]) -> int:
-    """Positions per cache slot: the longest sequence, rounded up to a multiple of 64."""
-    return (max(total_lengths) + 63) // 64 * 64
+    """Positions per cache slot: the longest sequence, rounded up to a multiple of 16 (so calls whose
+    lengths differ a little share a decode session and its captured graph)."""
+    return (max(total_lengths) + 15) // 16 * 16
 
 
 def emit_step(emit, piece, state: SequenceState, cells: list[int], window: list[int], end_before: int | None,

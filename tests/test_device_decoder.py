@@ -33,6 +33,7 @@ VARIANTS = {
     "fast-dllm-prefix": dict(method="fast-dllm", cache_mode="prefix"),
     "flash-cache": dict(method="flash-cache"),
     "flash-cache-refresh-all": dict(method="flash-cache", track=-1),
+    "flash-cache-track-beyond-slot": dict(method="flash-cache", track=500),
     "flash-verify-paper": dict(method="flash-verify", gamma=0.3),
     "flash-verify-cumulative": dict(method="flash-verify", gamma=0.05, acceptance="cumulative"),
 }
