@@ -20,6 +20,7 @@ import sys
 
 import torch
 
+from flash_dllm.kernels import graph_replay_ms
 from flash_dllm.kernels.scheduled_attention import ScheduledAttention, scheduled_attention_reference, static_plan
 
 MODELS = {"llada-8b": (32, 32), "dream-7b": (28, 4)}  # query heads, KV heads
@@ -66,17 +67,7 @@ def graph_us_per_call(op: ScheduledAttention, step: DecodeStep) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         calls()
-    for _ in range(5):
-        graph.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(REPLAYS)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(REPLAYS)]
-    for start, end in zip(starts, ends):
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    times = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)])
-    return times.median().item() * 1000 / len(step.caches)
+    return graph_replay_ms(graph, REPLAYS) * 1000 / len(step.caches)
 
 
 def rel_err_vs_reference(op: ScheduledAttention, step: DecodeStep) -> float:

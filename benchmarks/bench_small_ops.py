@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from dataclasses import dataclass
 
@@ -50,6 +49,8 @@ class Timing:
 
 def graph_us(fn, reps: int) -> float:
     """Median time of one fn() call, from CUDA-graph replays of CALLS_PER_GRAPH calls in a row."""
+    from flash_dllm.kernels import graph_replay_ms
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -60,16 +61,7 @@ def graph_us(fn, reps: int) -> float:
     with torch.cuda.graph(graph):
         for _ in range(CALLS_PER_GRAPH):
             fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for start, end in zip(starts, ends):
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3 / CALLS_PER_GRAPH
+    return graph_replay_ms(graph, reps) * 1e3 / CALLS_PER_GRAPH
 
 
 def time_model(model: str, rows: int, reps: int) -> list[Timing]:

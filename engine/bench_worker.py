@@ -77,8 +77,8 @@ def iteration_flops(engine, batch: int, kv_len: int) -> float:
 
     method = session.method
     flops = forward(batch * method.steady_rows, batch * method.readout) * method.forwards_per_step
-    if session.verify is not None:
-        flops += forward(batch * session.verify_layout.rows, batch * session.verify.cap)
+    if session.verifier is not None:
+        flops += forward(batch * session.verifier.layout.rows, batch * session.verifier.cap)
     return flops
 
 
@@ -144,7 +144,7 @@ def measure(engine, method: str, batch: int, args) -> dict:
     row.update(iterations=len(timed), iter_ms_median=statistics.median(timed) if timed else None,
                iter_ms_all=[round(t, 4) for t in timed], tokens_per_s=tokens / wall if wall > 0 else 0.0,
                tokens_per_forward=tokens / forwards if forwards else 0.0,
-               forwards_per_iter=engine._decode[1].method.forwards_per_step + (1 if engine._decode[1].verify else 0),
+               forwards_per_iter=engine._decode[1].method.forwards_per_step + (1 if engine._decode[1].verifier else 0),
                first_step_ms=events[0].step_ms if events else 0.0, capture_s=capture_s,
                peak_gb=torch.cuda.max_memory_allocated(engine.device) / 1e9 if cuda else None,
                weight_bytes=_weight_bytes(engine), flops_per_iter=iteration_flops(

@@ -22,10 +22,10 @@ import torch
 
 from flash_dllm.engine.device_canvas import DeviceCanvas
 from flash_dllm.engine.device_plan import DeviceMethod
-from flash_dllm.engine.device_verify import VerifyLayout, accepted_counts, pick_candidates
+from flash_dllm.engine.device_verify import Verifier, VerifyLayout
 from flash_dllm.engine.model import DiffusionLM, KernelOps, forward_cached, lm_logits
 from flash_dllm.engine.packing import KVCache, Layout, Packer, QueryPlan, groups_for
-from flash_dllm.engine.sampling import DRAFT_PASS, VERIFY_PASS, Predictions, noise_keys, predict
+from flash_dllm.engine.sampling import DRAFT_PASS, Predictions, noise_keys, predict
 from flash_dllm.engine.step_records import HostRecord, StepRecords, step_events
 
 MAX_ROWS = 4096  # query rows per forward of an eager whole-sequence step (bounds its activation memory)
@@ -52,11 +52,11 @@ class DecodeSession:
         backend = ops.backend
         self.sampling, self.cfg_scale = sampling, cfg_scale
         shift = model.config.shift_logits
-        self.verify = verify
         verify_rows = method.readout + (3 if shift else 2) * verify.cap if verify else 0
         self.cache = KVCache(model, canvas.n_slots, canvas.slot_len, scratch_per_slot=verify_rows)
         self.packer = Packer(self.cache, canvas, shift)
-        self.verify_layout = VerifyLayout(self.packer, method.readout, verify.cap, shift) if verify else None
+        self.verifier = Verifier(VerifyLayout(self.packer, method.readout, verify.cap, shift), verify.rule) \
+            if verify else None
         self.records = StepRecords(canvas, method.readout, verify.cap if verify else 0)
         self.steady = Layout.uniform(canvas.n_slots, method.steady_rows)
         cuda = canvas.answer.device.type == "cuda"
@@ -84,7 +84,7 @@ class DecodeSession:
         canvas.forward_passes += was_active.long() * method.forwards_per_step
         canvas.begin_step()
         committed = canvas.commit(plan.cells, preds.tokens, preds.confidences, chosen)
-        verified = self._verify(plan, preds, committed) if self.verify else {}
+        verified = self.verifier.after_commit(self, plan.cells, preds, committed) if self.verifier else {}
         method.end_step(canvas)
         canvas.finish_step()
         self.records.write(canvas, plan.cells, was_active, method.full_next(canvas), **verified)
@@ -127,27 +127,9 @@ class DecodeSession:
                 confidences.index_copy_(0, slots, p.confidences.view(len(layout.slots), -1))
         return Predictions(tokens=tokens, confidences=confidences)
 
-    def _verify(self, plan: QueryPlan, preds: Predictions, committed: torch.Tensor) -> dict:
-        """Flash-Verify's pass after the draft commit: draft the window's remaining cells, verify them under the
-        chain mask, commit the accepted prefix."""
-        canvas, cache = self.canvas, self.cache
-        batch = pick_candidates(canvas, plan.cells, preds.tokens, preds.confidences, self.verify.cap)
-        step, hidden_rows = self.verify_layout.pack(batch)
-        hidden = forward_cached(self.model, cache.k, cache.v, step, self.ops, None)
-        cache.keep.index_fill_(0, hidden_rows, 1)
-        keys, temperature = self._keys_and_temperature(None, batch.cells, VERIFY_PASS)
-        p = predict(lm_logits(self.model, hidden), temperature, keys, given_tokens=batch.drafts.reshape(-1))
-        accepted = accepted_counts(batch, p, canvas.gamma, self.verify.rule)
-        chosen = torch.arange(batch.cells.shape[1], device=accepted.device)[None, :] < accepted[:, None]
-        canvas.commit(batch.cells, batch.drafts, p.probs_of_given.view(batch.cells.shape), chosen,
-                      rank_base=committed)
-        n_candidates = (batch.cells >= 0).sum(1)
-        ran = ((n_candidates > 0) & canvas.active).long()
-        canvas.forward_passes += ran
-        canvas.verify_passes += ran
-        canvas.accepted += accepted * ran
-        canvas.rejected += (n_candidates - accepted) * ran
-        return dict(verify_cells=batch.cells, verify_drafts=batch.drafts, accepted=accepted * ran)
+    def verify_logits(self, step) -> torch.Tensor:
+        """Logits at a verify pass's read-out rows (the pass writes scratch rows only)."""
+        return lm_logits(self.model, forward_cached(self.model, self.cache.k, self.cache.v, step, self.ops, None))
 
     # ---- the loop ------------------------------------------------------------------------------------------
     def _layouts(self, full: torch.Tensor) -> list[Layout]:
@@ -184,7 +166,7 @@ class DecodeSession:
 
     def _run(self, emit, piece, cancel, started) -> RunOutcome:
         canvas, records = self.canvas, self.records
-        previous = HostRecord.initial(canvas, self.method.readout, self.verify.cap if self.verify else 0)
+        previous = HostRecord.initial(canvas, self.method.readout, self.verifier.cap if self.verifier else 0)
         full = canvas.active.cpu()  # every sequence's first step reads its whole prompt
         pending: list[int] = []
         k, replays, stopping = 0, 0, False

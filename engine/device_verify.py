@@ -19,7 +19,7 @@ import torch
 from flash_dllm.engine.device_canvas import NOT_NEW, DeviceCanvas
 from flash_dllm.engine.model import CachedStep
 from flash_dllm.engine.packing import Layout, Packer, attention_plan
-from flash_dllm.engine.sampling import Predictions
+from flash_dllm.engine.sampling import VERIFY_PASS, Predictions, predict
 from flash_dllm.engine.verify import chain_visibility
 
 
@@ -80,7 +80,7 @@ class VerifyLayout:
     def pack(self, batch: VerifyBatch) -> tuple[CachedStep, torch.Tensor]:
         """The verify forward, and the cache rows it hides (to be re-enabled after the pass)."""
         canvas, cache = self.packer.canvas, self.packer.cache
-        S, W, C, L = canvas.n_slots, self.window, self.cap, cache.slot_len
+        S, C, L = canvas.n_slots, self.cap, cache.slot_len
         p0 = canvas.prompt_len[:, None]
         tracked_ok, cand_ok = batch.tracked >= 0, batch.cells >= 0
         tracked_tok = canvas.answer.gather(1, batch.tracked.clamp(min=0))
@@ -118,3 +118,35 @@ class VerifyLayout:
                           hidden_rows=(self.slots[:, None] * self.rows + self.readout[None, :]).reshape(-1))
         return step, hide.reshape(-1)
 
+
+class Verifier:
+    """Flash-Verify as a plug-in of the decode loop: after each step's draft commit, `after_commit` picks the
+    window's remaining cells, verifies their drafts in one chain-masked pass and commits the accepted prefix.
+    It returns the fields of the step record that describe the pass."""
+
+    def __init__(self, layout: VerifyLayout, rule: str):
+        self.layout, self.rule = layout, rule
+
+    @property
+    def cap(self) -> int:
+        return self.layout.cap
+
+    def after_commit(self, session, cells: torch.Tensor, preds: Predictions, committed: torch.Tensor) -> dict:
+        canvas, cache = session.canvas, session.cache
+        batch = pick_candidates(canvas, cells, preds.tokens, preds.confidences, self.cap)
+        step, hidden_rows = self.layout.pack(batch)
+        logits = session.verify_logits(step)
+        cache.keep.index_fill_(0, hidden_rows, 1)
+        keys, temperature = session._keys_and_temperature(None, batch.cells, VERIFY_PASS)
+        p = predict(logits, temperature, keys, given_tokens=batch.drafts.reshape(-1))
+        accepted = accepted_counts(batch, p, canvas.gamma, self.rule)
+        chosen = torch.arange(batch.cells.shape[1], device=accepted.device)[None, :] < accepted[:, None]
+        canvas.commit(batch.cells, batch.drafts, p.probs_of_given.view(batch.cells.shape), chosen,
+                      rank_base=committed)
+        n_candidates = (batch.cells >= 0).sum(1)
+        ran = ((n_candidates > 0) & canvas.active).long()
+        canvas.forward_passes += ran
+        canvas.verify_passes += ran
+        canvas.accepted += accepted * ran
+        canvas.rejected += (n_candidates - accepted) * ran
+        return dict(verify_cells=batch.cells, verify_drafts=batch.drafts, accepted=accepted * ran)

@@ -18,7 +18,8 @@ from flash_dllm.engine.events import CanvasStart, SequenceDone
 from flash_dllm.engine.metrics import tokens_per_forward, tokens_per_second
 from flash_dllm.engine.model import DiffusionLM, bind_kernels
 from flash_dllm.engine.sequence import SequenceState
-from flash_dllm.engine.settings import METHODS, GenerationResult, GenerationSettings, SettingsError, validate
+from flash_dllm.engine.settings import (METHODS, GenerationResult, GenerationSettings, SettingsError, check_fits,
+                                       validate)
 from flash_dllm.engine.tokenizer import ChatTokenizer, load_tokenizer
 from flash_dllm.engine.weights import default_dtype, load_model
 from flash_dllm.kernels import BACKENDS, interpreting, resolve_backend, triton_available
@@ -147,8 +148,8 @@ class Engine:
         return head + turns, dropped
 
     def encode(self, prompts: list, settings: GenerationSettings) -> list[list[int]]:
-        """Token ids of each prompt (a string, a list of {"role", "content"} messages, or token ids), checked against the
-        model's context: the first place a too-long prompt is seen, so the one place it is reported."""
+        """Token ids of each prompt (a string, a list of {"role", "content"} messages, or token ids), checked
+        against the model's context: the first place a too-long prompt is seen, so the one place it is reported."""
         limit, vocab = self.model.config.max_seq_len, self.model.config.vocab_size
         encoded = []
         for prompt in prompts:
@@ -159,7 +160,7 @@ class Engine:
             else:
                 encoded.append(self.tokenizer.encode(prompt, settings.use_chat_template))
         for ids in encoded:
-            validate(settings, limit, len(ids))
+            check_fits(settings, limit, len(ids))
         return encoded
 
     def new_states(self, prompts: list, settings: GenerationSettings) -> list[SequenceState]:

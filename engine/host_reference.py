@@ -115,7 +115,7 @@ class Reference:
             state.commit([row[i] for i in chosen], [toks[i] for i in chosen], [conf[i] for i in chosen])
             self.strategy.end_step(state)
             done.append((state, [row[i] for i in chosen], row, end_before))
-            if self.session.verify is not None and not state.done:
+            if self.session.verifier is not None and not state.done:
                 cands = pick_candidates(row, toks, conf, state, self.settings.candidates_cap)
                 if cands.cells:
                     pending.append((state, list(state.newly_committed)[: self.settings.window], cands))
@@ -139,7 +139,7 @@ class Reference:
             cells=padded([by_slot[i][1].cells if i in by_slot else [] for i in range(S)], cap).to(device),
             drafts=padded([by_slot[i][1].drafts if i in by_slot else [] for i in range(S)], cap,
                           fill=session.canvas.mask_id).to(device))
-        step, hidden_rows = session.verify_layout.pack(batch)
+        step, hidden_rows = session.verifier.layout.pack(batch)
         hidden = forward_cached(self.model, session.cache.k, session.cache.v, step, session.ops, None)
         session.cache.keep.index_fill_(0, hidden_rows, 1)
         keys, temperature = session._keys_and_temperature(None, batch.cells, VERIFY_PASS)

@@ -175,7 +175,7 @@ def forward_cached(
 
     Each residual add is folded into the RMSNorm that follows it (the MLP's into the next layer's attention
     norm, the last one into the final norm, on the read-out rows only)."""
-    cfg, eps = model.config, model.config.norm_eps
+    eps = model.config.norm_eps
     h = F.embedding(step.token_ids, model.embed)
     update = None
     for index, layer in enumerate(model.layers):

@@ -92,9 +92,16 @@ def validate(settings: GenerationSettings, max_context: int | None = None, promp
         raise SettingsError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)} (got {s.acceptance!r})")
     if s.max_candidates is not None and s.max_candidates < 1:
         raise SettingsError(f"max candidates must be at least 1 (got {s.max_candidates})")
-    if max_context is not None and prompt_tokens is not None and prompt_tokens + s.gen_length > max_context:
+    if max_context is not None and prompt_tokens is not None:
+        check_fits(s, max_context, prompt_tokens)
+
+
+def check_fits(settings: GenerationSettings, max_context: int, prompt_tokens: int) -> None:
+    """Raise SettingsError when the prompt plus the answer exceed the model's context."""
+    if prompt_tokens + settings.gen_length > max_context:
         raise SettingsError(
-            f"prompt ({prompt_tokens} tokens) plus answer ({s.gen_length}) exceeds the model's context of {max_context} tokens"
+            f"prompt ({prompt_tokens} tokens) plus answer ({settings.gen_length}) exceeds the model's context of "
+            f"{max_context} tokens"
         )
 
 

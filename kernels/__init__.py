@@ -7,6 +7,7 @@ hot loops and CUDA graphs. Nothing here imports model code.
 """
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
@@ -25,6 +26,16 @@ def triton_available() -> bool:
     except Exception:  # pragma: no cover - triton missing on some platforms
         return False
     return True
+
+
+def bind_backend(backend: str, reference, triton_module: str, triton_name: str):
+    """The implementation of an op for `backend`: its torch reference, or its Triton entry point imported from
+    `triton_module` (relative to this package) now, so a call never imports."""
+    if backend == "torch":
+        return reference
+    if backend == "triton":
+        return getattr(importlib.import_module(triton_module, __name__), triton_name)
+    raise ValueError(f"unknown kernel backend {backend!r}")
 
 
 def resolve_backend(requested: str | None, device: torch.device | str) -> str:
@@ -72,3 +83,17 @@ def gpu_time_ms(fn, reps: int = 20, quantiles=None):
     if quantiles is None:
         return times.median().item()
     return torch.quantile(times, torch.tensor(list(quantiles))).tolist()
+
+
+def graph_replay_ms(graph, reps: int = 200) -> float:
+    """Median time (ms) of one replay of a captured torch.cuda.CUDAGraph, each replay timed with CUDA events."""
+    graph.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends):
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)]).median().item()

@@ -102,7 +102,6 @@ def _attention_split_kernel(
         else:
             inq_part = n_splits
         if part == inq_part:
-            q_begin = tl.load(q_start_ptr + seq)
             q_len = tl.load(q_len_ptr + seq)
             inq_start = tl.load(inq_start_ptr + seq)
             for n0 in tl.range(0, q_len, BLOCK_N, num_stages=1):  # few blocks; staging the byte mask spills

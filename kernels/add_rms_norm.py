@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from . import bind_backend
+
 MAX_TRITON_WIDTH = 8192  # one program holds whole rows in registers; wider rows would spill
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -74,25 +76,12 @@ def check_add_rms_norm_inputs(residual, update, weight, out, backend: str) -> No
 
 
 def _bind(backend: str):
-    if backend == "torch":
-        return add_rms_norm_reference
-    if backend == "triton":
-        from ._add_rms_norm_triton import add_rms_norm_triton  # triton imported on first use
-
-        return add_rms_norm_triton
-    raise ValueError(f"unknown kernel backend {backend!r}")
+    return bind_backend(backend, add_rms_norm_reference, "._add_rms_norm_triton", "add_rms_norm_triton")
 
 
-def add_rms_norm(
-    residual: torch.Tensor,
-    update: torch.Tensor | None,
-    weight: torch.Tensor,
-    eps: float,
-    *,
-    out: torch.Tensor | None = None,
-    inplace: bool = False,
-    backend: str = "torch",
-) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(residual: torch.Tensor, update: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
+                 out: torch.Tensor | None = None, inplace: bool = False,
+                 backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """Checked dispatcher: "torch" runs the reference, "triton" the fused kernel (see module docstring)."""
     check_add_rms_norm_inputs(residual, update, weight, out, backend)
     return _bind(backend)(residual, update, weight, eps, out, inplace)
@@ -107,13 +96,6 @@ class AddRMSNorm:
         self.backend = backend
         self._run = _bind(backend)
 
-    def __call__(
-        self,
-        residual: torch.Tensor,
-        update: torch.Tensor | None,
-        weight: torch.Tensor,
-        eps: float,
-        out: torch.Tensor | None = None,
-        inplace: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, residual: torch.Tensor, update: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 out: torch.Tensor | None = None, inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         return self._run(residual, update, weight, eps, out, inplace)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import bind_backend
+
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -42,13 +44,7 @@ def check_silu_mul_inputs(gate_up: torch.Tensor, out: torch.Tensor | None) -> No
 
 
 def _bind(backend: str):
-    if backend == "torch":
-        return silu_mul_reference
-    if backend == "triton":
-        from ._silu_mul_triton import silu_mul_triton  # triton imported on first use
-
-        return silu_mul_triton
-    raise ValueError(f"unknown kernel backend {backend!r}")
+    return bind_backend(backend, silu_mul_reference, "._silu_mul_triton", "silu_mul_triton")
 
 
 def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, *, backend: str = "torch") -> torch.Tensor:

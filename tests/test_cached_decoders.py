@@ -156,10 +156,10 @@ def test_chain_mask_matches_a_full_forward_of_each_candidates_view(tmp_path, fam
     canvas.begin_step()
     canvas.commit(torch.tensor([[0, 1]]), torch.tensor([[65, 66]]), torch.ones((1, 2), dtype=torch.float64),
                   torch.ones((1, 2), dtype=torch.bool))  # tracked: committed after the cache was written
-    cells, drafts, cap = [5, 2, 6, 3], [70, 71, 72, 73], session.verify.cap
+    cells, drafts, cap = [5, 2, 6, 3], [70, 71, 72, 73], session.verifier.cap
     batch = VerifyBatch(tracked=torch.tensor([[0, 1] + [-1] * (s.window - 2)]),
                         cells=torch.tensor([cells + [-1] * (cap - 4)]), drafts=torch.tensor([drafts + [0] * (cap - 4)]))
-    step, hidden_rows = session.verify_layout.pack(batch)
+    step, hidden_rows = session.verifier.layout.pack(batch)
     chain = lm_logits(eng.model, forward_cached(eng.model, session.cache.k, session.cache.v, step, eng.ops))
     session.cache.keep.index_fill_(0, hidden_rows, 1)
     p0, shift = int(canvas.prompt_len[0]), eng.model.config.shift_logits

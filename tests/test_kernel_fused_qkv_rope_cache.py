@@ -198,16 +198,22 @@ def test_a_steady_call_binds_nothing(forced_path):
     assert fused_qkv_counters().resolutions == rebound.resolutions + 1
 
 
+def fake_timer(times_ms: list[float]):
+    """A `measure` for the tuner that runs the launch and reports the next scripted time (and no more)."""
+    scripted = iter(times_ms)
+
+    def measure(fn):
+        fn()
+        return next(scripted)
+
+    return measure
+
+
 def test_tuning_times_each_candidate_once_and_keeps_the_fastest():
     """Two pointer configs, timed (faked) 2.0 and 1.0 ms: the second is bound; a further call of the bucket
     times nothing (a third timing would exhaust the fake)."""
     candidates = [pointer_module.PointerConfig(16, 16, 32, 1, 4), pointer_module.PointerConfig(32, 32, 64, 1, 4, 2)]
-    fake_ms = iter([2.0, 1.0])
-
-    def measure(fn):
-        fn()
-        return next(fake_ms)
-
+    measure = fake_timer([2.0, 1.0])
     layer = Layer(4, 2, head_dim=16, d_model=64, bias=True, dtype=torch.float32)
     x, positions, cache_rows = tokens(9, 64, torch.float32, n_cache_rows=20)
     op = FusedQKVRopeCache("triton", 4, 2)
@@ -230,12 +236,7 @@ def test_auto_measures_each_path_once_and_keeps_the_fastest():
     configs = {"pointer_configs": [pointer_module.INTERPRETER_CONFIG],
                "tma_configs": [tma_module.INTERPRETER_CONFIGS["wide1"]],
                "streamk_configs": [streamk_module.INTERPRETER_CONFIGS["one_head"]]}
-    fake_ms = iter([3.0, 2.0, 1.0])
-
-    def measure(fn):
-        fn()
-        return next(fake_ms)
-
+    measure = fake_timer([3.0, 2.0, 1.0])
     layer = Layer(4, 2, head_dim=128, d_model=96, bias=True, dtype=torch.float32)
     x, positions, cache_rows = tokens(17, 96, torch.float32, n_cache_rows=40)
     op = FusedQKVRopeCache("triton", 4, 2)
