@@ -46,23 +46,61 @@ class LaunchError(ValueError):
 
 
 def parse_auth(value: str | None) -> list[tuple[str, str]] | None:
-    if not value:
+    """``--auth`` as (user, password) pairs; None when the flag was not given. An empty value is refused: it
+    is what ``--auth "$PASS"`` passes when the variable is unset, and running without a login then would
+    publish an open link."""
+    if value is None:
         return None
+    if not value.strip():
+        raise LaunchError("--auth is empty (an unset variable?); give user:password or a file of them")
     path = Path(value).expanduser()
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else [value]
+    is_file = path.is_file()
+    if is_file:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise LaunchError(f"--auth {path}: not a UTF-8 text file of user:password lines") from None
+        except OSError as err:
+            raise LaunchError(f"--auth {path}: cannot read it ({err.strerror or err})") from None
+    else:
+        lines = [value]
     pairs = []
     for number, line in enumerate(lines, start=1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         user, sep, password = line.partition(":")
-        if not sep or not user or not password:
-            where = f"{path}, line {number}" if path.is_file() else "--auth"
+        if not sep or not user.strip() or not password:
+            where = f"--auth {path}, line {number}" if is_file else "--auth"
             raise LaunchError(f"{where}: expected user:password")
-        pairs.append((user, password))
+        pairs.append((user.strip(), password))
     if not pairs:
         raise LaunchError(f"--auth {value}: the file holds no user:password line")
     return pairs
+
+
+def check_port(port: int | None) -> None:
+    if port is not None and not 1 <= port <= 65535:
+        raise LaunchError(f"--port {port}: a port is a number from 1 to 65535")
+
+
+def check_host(host: str) -> None:
+    """The address must be one this machine can listen on (checked before the model loads)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, ValueError) as err:
+        raise LaunchError(f"--host {host}: not an address or a name this machine resolves ({err})") from None
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind((address[0], 0))
+            return
+        except OSError:
+            continue
+    raise LaunchError(f"--host {host}: not an address of this machine (use 127.0.0.1, or 0.0.0.0 for every "
+                      "network)")
 
 
 def is_loopback(host: str) -> bool:

@@ -43,8 +43,10 @@ def pick_device(device: str | torch.device | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         chosen = torch.device(device)
-    except (RuntimeError, ValueError):
+    except (RuntimeError, ValueError, TypeError):
         raise SettingsError(f"unknown device {device!r}; use cuda, cuda:N, cpu or auto") from None
+    if chosen.type not in ("cuda", "cpu"):  # torch knows mps, xpu, meta...; the engine runs on neither
+        raise SettingsError(f"device {str(device)!r} is not supported; use cuda, cuda:N, cpu or auto")
     if chosen.type == "cuda":
         if not torch.cuda.is_available():
             raise SettingsError(f"device {str(device)!r}: no CUDA GPU is available (use cpu)")
