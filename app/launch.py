@@ -17,6 +17,7 @@ from pathlib import Path
 
 from flash_dllm.app import shutdown
 from flash_dllm.app.cli import NO_GRAPHS_HELP
+from flash_dllm.app.guard import AccessPolicy, GuardMiddleware
 
 SHARE_WARNING = ("Anyone with the public link can use this machine: its GPU, your chats and the model "
                  "downloads. The link lasts up to a week while the app runs.")
@@ -113,14 +114,23 @@ def is_loopback(host: str) -> bool:
 
 
 def serve(ctx, host: str = "127.0.0.1", port: int | None = None, share: bool = False,
-          auth: list[tuple[str, str]] | None = None, inbrowser: bool = False, quiet: bool = True):
-    """Build the page for ``ctx`` and start serving it (returns at once; `demo.close()` stops it)."""
+          auth: list[tuple[str, str]] | None = None, inbrowser: bool = False, quiet: bool = True,
+          policy: AccessPolicy | None = None):
+    """Build the page for ``ctx`` and start serving it (returns at once; `demo.close()` stops it). Every
+    request passes `GuardMiddleware` (Host, Origin, login rate); the share link's host is allowed once the
+    tunnel is up."""
+    from starlette.middleware import Middleware
+
     from flash_dllm.app.ui import build_ui, page_css
 
+    policy = policy or AccessPolicy.for_address(host)
     demo = build_ui(ctx)
     demo.launch(server_name=host, server_port=port, share=share, auth=auth, inbrowser=inbrowser,
                 prevent_thread_lock=True, quiet=quiet, css=page_css(), show_error=True,
+                app_kwargs={"middleware": [Middleware(GuardMiddleware, policy=policy)]},
                 auth_message="flash-dllm-chat: this app is password-protected." if auth else None)
+    policy.add_host(getattr(demo, "share_url", None))
+    demo.access_policy = policy
     return demo
 
 
@@ -142,10 +152,17 @@ def run(args: argparse.Namespace) -> int:
     from flash_dllm.app.turns import AppContext
     from flash_dllm.engine import Engine
 
-    try:
+    from flash_dllm.engine import SettingsError, pick_device
+
+    chats_folder = paths.data_dir(create=False) / "chats"
+    try:  # every flag and the chats folder before the model loads: a mistake costs no load, and no download
         auth = parse_auth(getattr(args, "auth", None))
-    except (LaunchError, OSError) as err:
-        print(f"flash-dllm-chat: {err}", file=sys.stderr)
+        check_port(args.port)
+        check_host(args.host)
+        pick_device(args.device)
+        paths.check_writable(chats_folder)
+    except (LaunchError, SettingsError, OSError) as err:
+        print(f"flash-dllm-chat: {error_line(err)}", file=sys.stderr)
         return 2
     name, why = startup_model(args.model)
     if name is None:
@@ -164,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"flash-dllm-chat: could not save the last model used ({err})", file=sys.stderr)
     info = engine.describe()
     print(f"Loaded {info['model']} on {info['device']} ({info['dtype']}, kernels: {info['kernels']}).", flush=True)
-    ctx = AppContext(ModelHost(engine, options, name), ChatStore(paths.data_dir() / "chats"))
+    shared = args.share or not is_loopback(args.host)  # others reach it: the model shelf only, no server paths
+    ctx = AppContext(ModelHost(engine, options, name, shelf_only=shared), ChatStore(chats_folder))
     if not is_loopback(args.host):
         print(f"Listening on {args.host}: other machines on the network can reach the app"
               + ("." if auth else "; add --auth user:password to require a login."), flush=True)
@@ -175,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         ctx.share_note = share_note(getattr(demo, "share_url", None), bool(auth))
         print(ctx.share_note, flush=True)
     print(f"flash-dllm-chat is running at {demo.local_url}" + (" (login required)" if auth else "")
-          + "  (Ctrl-C stops it; chats are saved in " + str(paths.data_dir() / "chats") + ")", flush=True)
+          + "  (Ctrl-C stops it; chats are saved in " + str(chats_folder) + ")", flush=True)
     shutdown.watch_interrupts(20.0)  # from Ctrl-C on, the app has 20 s to end, whatever hangs
     code = 0
     try:

@@ -95,10 +95,12 @@ class Engine:
 
     @classmethod
     def load(cls, model: str | Path, device: str | None = None, dtype=None, kernels: str | None = None,
-             progress: Callable | None = None, graphs: bool = True) -> "Engine":
+             progress: Callable | None = None, graphs: bool = True, name: str | None = None) -> "Engine":
         """`model` is a local folder or a Hugging Face repo id (downloaded into the HF cache if needed).
         ``device``, ``dtype`` and ``kernels`` ("auto" or None for the defaults) are checked first, so a bad one
-        raises SettingsError before anything is downloaded; running out of memory raises EngineError."""
+        raises SettingsError before anything is downloaded; running out of memory raises EngineError.
+        ``name`` is what the engine reports as its model (default: ``model``), for a caller that resolved a
+        repo id to its cached folder itself, off the lock its users wait on."""
         from flash_dllm.engine.hub import resolve_model
 
         dev = pick_device(device)
@@ -113,7 +115,8 @@ class Engine:
             raise EngineError(f"out of memory loading {model} on {dev.type} in "
                               f"{str(weights_dtype).replace('torch.', '')}; use a smaller model or another "
                               "device or dtype") from None
-        return cls(weights, load_tokenizer(folder, weights.config), str(model), Path(folder), backend, graphs=graphs)
+        return cls(weights, load_tokenizer(folder, weights.config), name or str(model), Path(folder), backend,
+                   graphs=graphs)
 
     @staticmethod
     def methods() -> dict[str, str]:
