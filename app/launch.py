@@ -89,6 +89,8 @@ def check_host(host: str) -> None:
     """The address must be one this machine can listen on (checked before the model loads)."""
     import socket
 
+    if not host.strip():
+        raise LaunchError("--host is empty; give an address such as 127.0.0.1 (this machine only)")
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError, ValueError) as err:
