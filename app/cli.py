@@ -275,6 +275,8 @@ def run_pull(args) -> int:
     from flash_dllm.engine import hub
 
     started = time.perf_counter()
+    if sys.stderr.isatty():  # like the download bar: a sign of life for a person, nothing in a pipe
+        print(f"Asking {hub.HubEnv.current().endpoint} for {args.repo}…", file=sys.stderr, flush=True)
     folder = hub.pull(args.repo)  # tqdm bar on the terminal
     match = next((m for m in hub.list_cached_models() if m.path == folder), None)
     detail = f" ({match.family}, {match.size_bytes / 1e9:.2f} GB)" if match else ""

@@ -175,8 +175,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine = Engine.load(name, **asdict(options))
     except Exception as err:  # HubError, SettingsError, WeightsError, ...: one line, no traceback
-        print(f"flash-dllm-chat: cannot load {name}: {error_line(err)}", file=sys.stderr)
-        return 1
+        print(f"flash-dllm-chat: cannot load {name} ({why}): {error_line(err)}", file=sys.stderr)
+        return 2
     try:
         paths.remember_model(name)
     except OSError as err:  # the app still runs; only the 'last model' memory is lost

@@ -140,8 +140,8 @@ def _snapshot_of(storage: Path) -> Path | None:
     """The snapshot `refs/main` points to, else the newest one."""
     ref = storage / "refs" / REVISION
     if ref.is_file():
-        folder = storage / "snapshots" / ref.read_text().strip()
-        if folder.is_dir():
+        folder = storage / "snapshots" / ref.read_text(errors="replace").strip()  # a damaged ref names nothing
+        if folder.is_dir() and folder.parent == storage / "snapshots":
             return folder
     snapshots = [p for p in (storage / "snapshots").glob("*") if p.is_dir()]
     return max(snapshots, key=lambda p: p.stat().st_mtime) if snapshots else None
