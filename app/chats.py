@@ -3,6 +3,8 @@
 A chat is ``{"id", "title", "created", "updated", "system", "messages": [{"role", "content", "meta"?}]}``
 with plain-string content (what the user typed, what the engine decoded); ``meta`` holds an answer's
 method and speed. Unreadable files are skipped (and named in `ChatStore.problems`), never overwritten.
+A save writes ``.tmp-*.json`` and renames it over ``<id>.json``; only ``<id>.json`` files are chats, and a
+temp file a killed process left behind is removed when the store opens.
 """
 from __future__ import annotations
 
@@ -17,6 +19,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 TITLE_CHARS = 48
+CHAT_ID = re.compile(r"[0-9a-f]{32}")
+CHAT_FILE = re.compile(r"[0-9a-f]{32}\.json")
+STALE_TEMP_S = 60.0  # a write-and-rename takes milliseconds; an older temp file belongs to a process that died
+
+
+class ChatSaveError(OSError):
+    """A chat that could not be written; the message names the folder and the reason."""
+
+
+def clean_text(text) -> str:
+    """Text as the app stores it: a lone UTF-16 surrogate (a browser can send one; no file can hold it)
+    becomes U+FFFD, so the rest of what was typed is kept."""
+    text = "" if text is None else str(text)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 @dataclass
@@ -57,9 +77,18 @@ class ChatStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.problems: list[str] = []
         self._lock = threading.RLock()
+        self.remove_stale_temp_files()
+
+    def remove_stale_temp_files(self) -> None:
+        for path in self.folder.glob(".tmp-*.json"):
+            try:
+                if time.time() - path.stat().st_mtime > STALE_TEMP_S:
+                    path.unlink()
+            except OSError:
+                pass  # read-only folder, or another process removed it first
 
     def _path(self, chat_id: str) -> Path:
-        if not re.fullmatch(r"[0-9a-f]{32}", chat_id or ""):
+        if not isinstance(chat_id, str) or not CHAT_ID.fullmatch(chat_id):
             raise KeyError(f"no chat with id {chat_id!r}")
         return self.folder / f"{chat_id}.json"
 
@@ -78,7 +107,8 @@ class ChatStore:
     def list(self) -> list[Chat]:
         """Every readable chat, most recently updated first."""
         with self._lock:
-            chats = [c for c in (self._read(p) for p in self.folder.glob("*.json")) if c is not None]
+            files = [p for p in self.folder.glob("*.json") if CHAT_FILE.fullmatch(p.name)]
+            chats = [c for c in (self._read(p) for p in files) if c is not None]
         return sorted(chats, key=lambda c: c.updated, reverse=True)
 
     def get(self, chat_id: str) -> Chat:
@@ -104,14 +134,24 @@ class ChatStore:
 
     def save(self, chat: Chat) -> None:
         chat.updated = time.time()
+        chat.title, chat.system = clean_text(chat.title), clean_text(chat.system)
+        for message in chat.messages:
+            if isinstance(message.get("content"), str):
+                message["content"] = clean_text(message["content"])
         text = json.dumps(chat.to_dict(), ensure_ascii=False, indent=1)
         with self._lock:
             path = self._path(chat.id)
-            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".json")
+            try:
+                fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".json")
+            except OSError as err:
+                raise ChatSaveError(f"cannot save chats in {self.folder}: {err.strerror or err}") from None
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as handle:
                     handle.write(text)
                 os.replace(tmp, path)
+            except OSError as err:
+                Path(tmp).unlink(missing_ok=True)
+                raise ChatSaveError(f"cannot save chats in {self.folder}: {err.strerror or err}") from None
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise

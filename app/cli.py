@@ -99,10 +99,25 @@ def build_parser() -> Parser:
 
 
 # ---- generate ------------------------------------------------------------------------------------------------
+def checked_text(text: str, where: str) -> str:
+    """``text`` if it can reach the tokenizer: bytes that are not UTF-8 arrive from the terminal as lone
+    surrogates (Python's surrogateescape), which no tokenizer and no JSON file can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise CliError(f"{where} is not valid UTF-8 text (byte {err.start + 1} of it cannot be decoded)") from None
+    return text
+
+
 def read_prompts(args) -> list[str]:
     if args.batch_file is not None:
+        if args.prompt_text is not None:  # two sources: which one was meant is a guess, so ask
+            raise CliError("give either PROMPT or --batch-file FILE, not both")
         try:
             lines = args.batch_file.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as err:
+            raise CliError(f"--batch-file {args.batch_file} is not UTF-8 text (byte {err.start + 1} cannot be "
+                           "decoded)") from None
         except OSError as err:
             raise CliError(f"cannot read --batch-file {args.batch_file}: {err.strerror or err}") from None
         prompts = [line for line in lines if line.strip()]
@@ -116,7 +131,7 @@ def read_prompts(args) -> list[str]:
         raise CliError("give --prompt TEXT or --batch-file FILE")
     if not prompt.strip():
         raise CliError("the prompt is empty")
-    return [prompt]
+    return [checked_text(prompt, "the prompt")]
 
 
 def settings_from(args):
@@ -130,15 +145,41 @@ def settings_from(args):
     )
 
 
-def default_model() -> str:
-    from flash_dllm.app.paths import last_model
+@dataclass
+class ModelChoice:
+    """The model `generate` runs and where its name came from (said in any error about it)."""
+
+    name: str
+    origin: str  # "--model", "the last model used (from SETTINGS)", "the bundled model"
+
+
+def default_model(requested: str | None) -> ModelChoice:
+    """``--model``; else the remembered last model while it is still on disk (a folder, or a repo in the
+    cache); else the bundled model, with a note on stderr when a remembered model is gone."""
+    from flash_dllm.app.paths import last_model, settings_path
     from flash_dllm.engine import hub
 
+    if requested:
+        return ModelChoice(requested, "--model")
+    last = last_model()
+    if last and model_on_disk(last):
+        return ModelChoice(last, f"the last model used, remembered in {settings_path(create=False)}")
     bundled = hub.bundled_model_path()
-    model = last_model() or (str(bundled) if bundled else None)
-    if model is None:
+    if last:
+        print(f"note: the last model used ({last}, remembered in {settings_path(create=False)}) is no longer "
+              "on disk; " + ("using the bundled model" if bundled else "pass --model"), file=sys.stderr)
+    if bundled is None:
         raise CliError("no model given and none bundled: pass --model ORG/NAME or a model folder")
-    return model
+    return ModelChoice(str(bundled), "the bundled model")
+
+
+def model_on_disk(name: str) -> bool:
+    """A model folder that exists, a bundled model's name, or a repo id with a complete copy in the cache."""
+    from flash_dllm.engine import hub
+
+    if Path(name).expanduser().is_dir():
+        return True
+    return any(name in (m.name, str(m.path)) for m in hub.list_cached_models())
 
 
 def model_reference(model: str) -> str:
@@ -187,15 +228,24 @@ def stats_line(tokens: int, run) -> str:
 
 def run_generate(args) -> int:
     from flash_dllm.app.paths import remember_model
-    from flash_dllm.engine import Engine, validate
+    from flash_dllm.engine import Engine, SettingsError, validate
 
     prompts = read_prompts(args)
     settings = settings_from(args)
     validate(settings)  # before loading anything: a bad setting should not cost a download
-    model = model_reference(args.model or default_model())
+    if args.system is not None:
+        checked_text(args.system, "--system")
+    choice = default_model(args.model)
+    model = model_reference(choice.name)
     # device, dtype and kernel backend are the engine's to decide and check (before any download)
-    engine = Engine.load(model, device=args.device, dtype=args.dtype, kernels=args.kernels,
-                         graphs=not args.no_graphs)
+    try:
+        engine = Engine.load(model, device=args.device, dtype=args.dtype, kernels=args.kernels,
+                             graphs=not args.no_graphs)
+    except user_errors() as err:
+        if choice.origin == "--model" or isinstance(err, SettingsError):
+            raise
+        raise CliError(f"cannot load {model} ({choice.origin}; pass --model to choose another): "
+                       f"{error_line(err)}") from None
     try:
         remember_model(model)
     except OSError:
@@ -225,6 +275,8 @@ def run_pull(args) -> int:
     from flash_dllm.engine import hub
 
     started = time.perf_counter()
+    if sys.stderr.isatty():  # like the download bar: a sign of life for a person, nothing in a pipe
+        print(f"Asking {hub.HubEnv.current().endpoint} for {args.repo}…", file=sys.stderr, flush=True)
     folder = hub.pull(args.repo)  # tqdm bar on the terminal
     match = next((m for m in hub.list_cached_models() if m.path == folder), None)
     detail = f" ({match.family}, {match.size_bytes / 1e9:.2f} GB)" if match else ""

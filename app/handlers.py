@@ -12,12 +12,13 @@ import time
 
 import gradio as gr
 
-from flash_dllm.app.chats import export_file
+from flash_dllm.app.canvas import empty_canvas_html
+from flash_dllm.app.chats import CHAT_ID, clean_text, export_file
 from flash_dllm.app.export import export_gif, export_html
 from flash_dllm.app.models import ModelError
 from flash_dllm.app.presets import default_knobs, preset_values
 from flash_dllm.app.stats import format_bytes, stats_rows, stats_table
-from flash_dllm.app.turns import AppContext, chat_choices, chat_messages, chat_turn, note
+from flash_dllm.app.turns import AppContext, chat_choices, chat_messages, chat_turn, note, save_orphans
 from flash_dllm.engine import METHODS, GenerationSettings, hub, memory_snapshot
 
 PRESET_KNOBS = ("block_length", "steps", "threshold", "gamma", "window", "lookahead", "track")
@@ -59,9 +60,13 @@ def progress_html(done: int, total: int, label: str) -> str:
 # ---------------------------------------------------------------------------- chat turns
 def accept(ctx: AppContext, text, chat_id, request: gr.Request):
     """Clear the box, show the message as queued, and hand it to `chat` (which may wait its turn)."""
-    if not (text or "").strip():
+    text = clean_text(text if isinstance(text, str) else "")
+    if not text.strip():
         return gr.skip(), gr.skip(), gr.skip(), ""
-    chat = ctx.store.get_or_create(chat_id)
+    try:
+        chat = ctx.store.get_or_create(chat_id if isinstance(chat_id, str) else None)
+    except OSError:  # the chats folder cannot be written: `chat` says so and puts the message back in the box
+        return gr.skip(), gr.skip(), gr.skip(), text
     ctx.sessions.queue(chat.id, request.session_hash, text)
     return ("", gr.update(choices=chat_choices(ctx.store), value=chat.id),
             chat_messages(chat, ctx.sessions.queued(chat.id)), text)
@@ -127,12 +132,52 @@ def export_canvas_html(ctx: AppContext, a, b):
 
 
 # ---------------------------------------------------------------------------- chats
+def resolve_chat_choice(ctx: AppContext, value) -> str | None:
+    """The chat id a Chats dropdown value stands for. Closing the open dropdown sends what its box shows (a
+    title, or nothing) rather than an id; a title that names exactly one chat stands for that chat."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    if CHAT_ID.fullmatch(value):
+        return value
+    matches = [c.id for c in ctx.store.list() if c.title == value.strip()]
+    return matches[0] if len(matches) == 1 else None
+
+
 def open_chat(ctx: AppContext, chat_id):
+    chat_id = resolve_chat_choice(ctx, chat_id)
+    if chat_id is None:  # nothing chosen (the dropdown closed without a choice): leave the page as it is
+        return gr.skip(), gr.skip(), gr.skip()
     try:
         chat = ctx.store.get(chat_id)
     except KeyError:
         return [], "", note("That chat no longer exists.", "warn")
-    return chat_messages(chat, ctx.sessions.queued(chat.id)), chat.system, note(f"Opened “{chat.title}”.")
+    unanswered = bool(chat.messages) and chat.messages[-1]["role"] == "user"
+    status = (note(f"Opened “{chat.title}”. Its last message has no answer yet: press Regenerate to answer it.",
+                   "warn") if unanswered else note(f"Opened “{chat.title}”."))
+    return chat_messages(chat, ctx.sessions.queued(chat.id)), chat.system, status
+
+
+CANVAS_OUTPUTS = ("canvas_a", "stats_a", "canvas_b", "stats_b", "answer_b", "replay", "rec_a", "rec_b",
+                  "chat_file", "canvas_files")
+
+
+def chat_canvas(ctx: AppContext, chat_id, request: gr.Request = None):
+    """The canvas column for the chat now chosen (see CANVAS_OUTPUTS): its last answer's canvas, stats and
+    recordings when this page decoded one, else empty; exports of another chat are hidden."""
+    session = request.session_hash if request is not None else None
+    chat_id = resolve_chat_choice(ctx, chat_id)
+    shown = ctx.recordings.get(session, chat_id) if chat_id else None
+    hidden = gr.update(value=None, visible=False)
+    if shown is None or not shown.recordings or shown.recordings[0] is None:
+        return (empty_canvas_html(), system_html(ctx, "Live stats"), empty_canvas_html("Side-by-side is off."), "",
+                "", gr.update(maximum=1, value=0, interactive=False), None, None, hidden, hidden)
+    rec_a = shown.recordings[0]
+    rec_b = shown.recordings[1] if len(shown.recordings) > 1 else None
+    steps = max(r.steps for r in shown.recordings if r is not None)
+    return (rec_a.render(), shown.stats[0], rec_b.render() if rec_b else empty_canvas_html("Side-by-side is off."),
+            shown.stats[1] if rec_b else "", gr.skip(), gr.update(maximum=max(1, steps), value=steps,
+                                                                  interactive=steps > 0),
+            rec_a, rec_b, hidden, hidden)
 
 
 def new_chat(ctx: AppContext, system):
@@ -158,6 +203,7 @@ def delete_chat(ctx: AppContext, chat_id):
         gone = note("That chat no longer exists.", "warn")
         return gr.update(choices=chat_choices(ctx.store), value=None), [], gone
     ctx.store.delete(chat_id)
+    ctx.recordings.forget(chat_id)
     return gr.update(choices=chat_choices(ctx.store), value=None), [], note(f"Deleted “{title}”.")
 
 
@@ -182,56 +228,79 @@ def after_load(ctx: AppContext, message_html):
             banner_html(ctx))
 
 
-def load_model(ctx: AppContext, name):
+def in_background(work, *args):
+    """Run ``work(*args)`` on a daemon thread; returns (thread, outcome dict with "value" or "error")."""
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = work(*args)
+        except ModelError as err:
+            outcome["error"] = str(err)
+        except Exception as err:  # a bug: shown in the page rather than lost on a thread
+            outcome["error"] = f"{type(err).__name__}: {err}"
+
+    thread = threading.Thread(target=run, name="flash-dllm-model", daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def switch_steps(ctx: AppContext, name: str, download: bool, size: int = 0):
+    """Fetch (download with progress, or find in the cache) then load: the model outputs after each step. The
+    fetch never holds the lock chats wait on; only the load does, after the answer being decoded."""
+    progress = {"done": 0, "total": size}
+    thread, fetched = in_background(ctx.host.fetch, name, lambda d, t: progress.update(done=d, total=t), download)
+    while thread.is_alive():
+        thread.join(0.5)
+        if progress["total"]:
+            yield after_load(ctx, progress_html(progress["done"], progress["total"], f"Downloading {name}"))
+        else:
+            yield after_load(ctx, note(f"Looking for {name}…"))
+    if "error" in fetched:
+        yield after_load(ctx, note(fetched["error"], "error"))
+        return
+    if progress["total"]:
+        yield after_load(ctx, progress_html(progress["done"], progress["total"], f"Downloaded {name}"))
     yield after_load(ctx, note(f"Loading {name}… (waits for the answer being decoded)"))
-    try:
-        ctx.host.switch(name)
-    except ModelError as err:
-        yield after_load(ctx, note(str(err), "error"))
+    thread, loaded = in_background(ctx.host.load_folder, fetched["value"], name.strip())
+    while thread.is_alive():
+        thread.join(0.5)
+    if "error" in loaded:
+        yield after_load(ctx, note(loaded["error"], "error"))
         return
     yield after_load(ctx, note(f"Loaded {ctx.host.name}."))
 
 
-def download_model(ctx: AppContext, repo_id):
-    repo_id = (repo_id or "").strip()
-    if not hub.REPO_ID.match(repo_id):
-        yield after_load(ctx, note("Type a Hugging Face repo id such as GSAI-ML/LLaDA-8B-Instruct.", "warn"))
-        return
+def load_model(ctx: AppContext, name):
     try:
-        size = ctx.host.weight_bytes(repo_id)
+        name = ctx.host.check_allowed(name)
     except ModelError as err:
         yield after_load(ctx, note(str(err), "error"))
         return
-    ok, fit = hub.fit_check(size, ctx.host.target_device(), ctx.host.options.dtype)
+    if name == ctx.host.name and ctx.host.engine is not None:
+        yield after_load(ctx, note(f"{name} is loaded."))
+        return
+    yield from switch_steps(ctx, name, download=False)
+
+
+def download_model(ctx: AppContext, repo_id):
+    repo_id = (repo_id or "").strip() if isinstance(repo_id, str) else ""
+    if not hub.REPO_ID.match(repo_id):
+        yield after_load(ctx, note("Type a Hugging Face repo id such as GSAI-ML/LLaDA-8B-Instruct.", "warn"))
+        return
+    yield after_load(ctx, note(f"Asking the Hub about {repo_id}…"))
+    thread, sized = in_background(ctx.host.weight_bytes, repo_id)
+    while thread.is_alive():
+        thread.join(0.5)
+    if "error" in sized:
+        yield after_load(ctx, note(sized["error"], "error"))
+        return
+    ok, fit = hub.fit_check(sized["value"], ctx.host.target_device(), ctx.host.options.dtype)
     if not ok and ctx.host.engine is None:
         yield after_load(ctx, note(f"{repo_id} {fit}", "error"))
         return
     # with a model loaded the check is repeated after unloading it (its memory counts as free then)
-    progress = {"done": 0, "total": size}
-    outcome: dict = {}
-
-    def work():
-        try:
-            outcome["path"] = hub.resolve_model(repo_id, progress=lambda d, t: progress.update(done=d, total=t))
-        except Exception as err:  # shown in the page
-            outcome["error"] = str(err)
-
-    worker = threading.Thread(target=work, name="flash-dllm-download", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(0.5)
-        yield after_load(ctx, progress_html(progress["done"], progress["total"] or size, f"Downloading {repo_id}"))
-    if "error" in outcome:
-        yield after_load(ctx, note(outcome["error"], "error"))
-        return
-    yield after_load(ctx, progress_html(progress["done"], progress["total"] or size, f"Downloaded {repo_id}"))
-    yield after_load(ctx, note(f"Downloaded {repo_id}; loading (waits for the answer being decoded)…"))
-    try:
-        ctx.host.switch(repo_id, weight_bytes=size)
-    except ModelError as err:
-        yield after_load(ctx, note(str(err), "error"))
-        return
-    yield after_load(ctx, note(f"Loaded {repo_id}."))
+    yield from switch_steps(ctx, repo_id, download=True, size=sized["value"])
 
 
 # ---------------------------------------------------------------------------- settings and page life
@@ -257,5 +326,10 @@ def on_load(ctx: AppContext):
 
 
 def on_unload(ctx: AppContext, request: gr.Request = None):
+    """The page went away: its queued messages are saved into their chats (now, or when the turn decoding
+    that chat ends), never dropped."""
     if request is not None and request.session_hash:
         ctx.sessions.drop_session(request.session_hash)
+        ctx.recordings.drop_session(request.session_hash)
+        for chat_id in list(ctx.sessions.orphans):
+            save_orphans(ctx, chat_id)

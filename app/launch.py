@@ -17,6 +17,7 @@ from pathlib import Path
 
 from flash_dllm.app import shutdown
 from flash_dllm.app.cli import NO_GRAPHS_HELP
+from flash_dllm.app.guard import AccessPolicy, GuardMiddleware
 
 SHARE_WARNING = ("Anyone with the public link can use this machine: its GPU, your chats and the model "
                  "downloads. The link lasts up to a week while the app runs.")
@@ -46,23 +47,63 @@ class LaunchError(ValueError):
 
 
 def parse_auth(value: str | None) -> list[tuple[str, str]] | None:
-    if not value:
+    """``--auth`` as (user, password) pairs; None when the flag was not given. An empty value is refused: it
+    is what ``--auth "$PASS"`` passes when the variable is unset, and running without a login then would
+    publish an open link."""
+    if value is None:
         return None
+    if not value.strip():
+        raise LaunchError("--auth is empty (an unset variable?); give user:password or a file of them")
     path = Path(value).expanduser()
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else [value]
+    is_file = path.is_file()
+    if is_file:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise LaunchError(f"--auth {path}: not a UTF-8 text file of user:password lines") from None
+        except OSError as err:
+            raise LaunchError(f"--auth {path}: cannot read it ({err.strerror or err})") from None
+    else:
+        lines = [value]
     pairs = []
     for number, line in enumerate(lines, start=1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         user, sep, password = line.partition(":")
-        if not sep or not user or not password:
-            where = f"{path}, line {number}" if path.is_file() else "--auth"
+        if not sep or not user.strip() or not password:
+            where = f"--auth {path}, line {number}" if is_file else "--auth"
             raise LaunchError(f"{where}: expected user:password")
-        pairs.append((user, password))
+        pairs.append((user.strip(), password))
     if not pairs:
         raise LaunchError(f"--auth {value}: the file holds no user:password line")
     return pairs
+
+
+def check_port(port: int | None) -> None:
+    if port is not None and not 1 <= port <= 65535:
+        raise LaunchError(f"--port {port}: a port is a number from 1 to 65535")
+
+
+def check_host(host: str) -> None:
+    """The address must be one this machine can listen on (checked before the model loads)."""
+    import socket
+
+    if not host.strip():
+        raise LaunchError("--host is empty; give an address such as 127.0.0.1 (this machine only)")
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, ValueError) as err:
+        raise LaunchError(f"--host {host}: not an address or a name this machine resolves ({err})") from None
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind((address[0], 0))
+            return
+        except OSError:
+            continue
+    raise LaunchError(f"--host {host}: not an address of this machine (use 127.0.0.1, or 0.0.0.0 for every "
+                      "network)")
 
 
 def is_loopback(host: str) -> bool:
@@ -75,14 +116,23 @@ def is_loopback(host: str) -> bool:
 
 
 def serve(ctx, host: str = "127.0.0.1", port: int | None = None, share: bool = False,
-          auth: list[tuple[str, str]] | None = None, inbrowser: bool = False, quiet: bool = True):
-    """Build the page for ``ctx`` and start serving it (returns at once; `demo.close()` stops it)."""
+          auth: list[tuple[str, str]] | None = None, inbrowser: bool = False, quiet: bool = True,
+          policy: AccessPolicy | None = None):
+    """Build the page for ``ctx`` and start serving it (returns at once; `demo.close()` stops it). Every
+    request passes `GuardMiddleware` (Host, Origin, login rate); the share link's host is allowed once the
+    tunnel is up."""
+    from starlette.middleware import Middleware
+
     from flash_dllm.app.ui import build_ui, page_css
 
+    policy = policy or AccessPolicy.for_address(host)
     demo = build_ui(ctx)
     demo.launch(server_name=host, server_port=port, share=share, auth=auth, inbrowser=inbrowser,
                 prevent_thread_lock=True, quiet=quiet, css=page_css(), show_error=True,
+                app_kwargs={"middleware": [Middleware(GuardMiddleware, policy=policy)]},
                 auth_message="flash-dllm-chat: this app is password-protected." if auth else None)
+    policy.add_host(getattr(demo, "share_url", None))
+    demo.access_policy = policy
     return demo
 
 
@@ -104,10 +154,17 @@ def run(args: argparse.Namespace) -> int:
     from flash_dllm.app.turns import AppContext
     from flash_dllm.engine import Engine
 
-    try:
+    from flash_dllm.engine import SettingsError, pick_device
+
+    chats_folder = paths.data_dir(create=False) / "chats"
+    try:  # every flag and the chats folder before the model loads: a mistake costs no load, and no download
         auth = parse_auth(getattr(args, "auth", None))
-    except (LaunchError, OSError) as err:
-        print(f"flash-dllm-chat: {err}", file=sys.stderr)
+        check_port(args.port)
+        check_host(args.host)
+        pick_device(args.device)
+        paths.check_writable(chats_folder)
+    except (LaunchError, SettingsError, OSError) as err:
+        print(f"flash-dllm-chat: {error_line(err)}", file=sys.stderr)
         return 2
     name, why = startup_model(args.model)
     if name is None:
@@ -118,15 +175,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine = Engine.load(name, **asdict(options))
     except Exception as err:  # HubError, SettingsError, WeightsError, ...: one line, no traceback
-        print(f"flash-dllm-chat: cannot load {name}: {error_line(err)}", file=sys.stderr)
-        return 1
+        print(f"flash-dllm-chat: cannot load {name} ({why}): {error_line(err)}", file=sys.stderr)
+        return 2
     try:
         paths.remember_model(name)
     except OSError as err:  # the app still runs; only the 'last model' memory is lost
         print(f"flash-dllm-chat: could not save the last model used ({err})", file=sys.stderr)
     info = engine.describe()
     print(f"Loaded {info['model']} on {info['device']} ({info['dtype']}, kernels: {info['kernels']}).", flush=True)
-    ctx = AppContext(ModelHost(engine, options, name), ChatStore(paths.data_dir() / "chats"))
+    shared = args.share or not is_loopback(args.host)  # others reach it: the model shelf only, no server paths
+    ctx = AppContext(ModelHost(engine, options, name, shelf_only=shared), ChatStore(chats_folder))
     if not is_loopback(args.host):
         print(f"Listening on {args.host}: other machines on the network can reach the app"
               + ("." if auth else "; add --auth user:password to require a login."), flush=True)
@@ -137,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         ctx.share_note = share_note(getattr(demo, "share_url", None), bool(auth))
         print(ctx.share_note, flush=True)
     print(f"flash-dllm-chat is running at {demo.local_url}" + (" (login required)" if auth else "")
-          + "  (Ctrl-C stops it; chats are saved in " + str(paths.data_dir() / "chats") + ")", flush=True)
+          + "  (Ctrl-C stops it; chats are saved in " + str(chats_folder) + ")", flush=True)
     shutdown.watch_interrupts(20.0)  # from Ctrl-C on, the app has 20 s to end, whatever hangs
     code = 0
     try:

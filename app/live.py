@@ -22,6 +22,17 @@ FRAME_S = 0.05  # at most 20 frames a second reach the browser
 IDLE_S = 0.5  # an empty frame when nothing happened for this long (elapsed time and memory keep moving)
 
 
+PROMPT_TAIL_CHARS = 60
+
+
+def prompt_tail_of(text: str) -> str:
+    """The end of the user's message as the canvas shows it before the answer. The engine's prompt tail is
+    the last tokens of the *templated* prompt, which end in the chat template's markup (LLaDA's
+    ``<|eot_id|><|start_header_id|>assistant<|end_header_id|>``), not in what the user wrote."""
+    words = " ".join(text.split())
+    return words if len(words) <= PROMPT_TAIL_CHARS else words[-PROMPT_TAIL_CHARS:]
+
+
 def is_terminal(event) -> bool:
     return isinstance(event, (Finished, Failed))
 
@@ -89,8 +100,9 @@ class LiveRun:
 class RunView:
     """Canvas, speed and memory of one run (sequence 0 of its prompts), folded frame by frame."""
 
-    def __init__(self, label: str, engine_info: dict, device=None):
+    def __init__(self, label: str, engine_info: dict, device=None, prompt_text: str | None = None):
         self.label = label
+        self.prompt_text = prompt_text  # the user's words: the canvas's prompt tail (see `prompt_tail_of`)
         self.engine_info = engine_info
         self.canvas: Canvas | None = None
         self.stats = RunStats()
@@ -108,6 +120,8 @@ class RunView:
                 self.stats.update(event)
             elif isinstance(event, CanvasStart):
                 self.canvas = Canvas.from_start(event, label=self.label)
+                if self.prompt_text is not None:
+                    self.canvas.prompt_tail = [prompt_tail_of(self.prompt_text)]
                 self.stats.gen_length = event.gen_length
             elif isinstance(event, SequenceDone):
                 if self.canvas is not None:

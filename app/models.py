@@ -1,7 +1,13 @@
 """The loaded engine and how the page switches it: cached models, downloads with progress, a fit check first.
 
-One engine is loaded at a time. `ModelHost.gpu` is held by a generation and by a switch, so a switch waits
-for the answer being decoded and never runs two models on the GPU at once.
+One engine is loaded at a time. `ModelHost.gpu` is held by a generation and by the load of a switch, so a
+switch waits for the answer being decoded and never runs two models on the GPU at once. Everything that
+talks to the network (the Hub's file list, a download) happens before that lock is taken: a slow or stalled
+Hub delays only the switch that asked, never anyone's chat.
+
+On a shared app (a share link, or listening beyond this machine) `ModelHost.shelf_only` limits loads to the
+models the page lists (bundled and cached ones) and downloads to Hugging Face repo ids: a visitor can name no
+server path, and no error tells them which paths exist.
 """
 from __future__ import annotations
 
@@ -48,10 +54,13 @@ class LoadOptions:
 
 
 class ModelHost:
-    def __init__(self, engine: Engine | None = None, options: LoadOptions = LoadOptions(), name: str | None = None):
+    def __init__(self, engine: Engine | None = None, options: LoadOptions = LoadOptions(), name: str | None = None,
+                 shelf_only: bool = False):
         self.engine = engine
         self.name = name or (engine.name if engine is not None else None)
         self.options = options
+        self.shelf_only = shelf_only
+        self.folder = str(engine.folder) if engine is not None else None  # where the loaded model was read from
         self.gpu = threading.Lock()
 
     # ------------------------------------------------------------------ what there is
@@ -80,12 +89,37 @@ class ModelHost:
             out.insert(0, ModelChoice(f"{Path(self.name).name} (loaded)", self.name, 0))
         return out
 
+    def check_allowed(self, name: str, download: bool = False) -> str:
+        """``name`` stripped, or ModelError when this app may not load it (see the module docstring)."""
+        name = (name or "").strip() if isinstance(name, str) else ""
+        if not name:
+            raise ModelError("choose a model or type a Hugging Face repo id (org/name)")
+        if self.shelf_only:
+            if download and not hub.REPO_ID.match(name):
+                raise ModelError("type a Hugging Face repo id such as GSAI-ML/LLaDA-8B-Instruct")
+            if not download and name not in {choice.value for choice in self.choices()}:
+                raise ModelError("on a shared app only the models listed under Model can be loaded")
+        return name
+
     # ------------------------------------------------------------------ switching
-    def weight_bytes(self, name: str) -> int:
+    def weight_bytes(self, repo_id: str) -> int:
+        """The repo's safetensors bytes from the Hub's file list (before downloading; network, no lock)."""
+        name = self.check_allowed(repo_id, download=True)
         try:
             return hub.remote_weight_bytes(name)
         except hub.HubError as err:
             raise ModelError(str(err)) from None
+
+    def fetch(self, name: str, progress: Callable[[int, int], None] | None = None, download: bool = False) -> Path:
+        """The model's folder: a folder or bundled model as is, a repo id from the cache or downloaded now.
+        Network only, never under `gpu`; ModelError with one line when it cannot be had."""
+        name = self.check_allowed(name, download)
+        try:
+            if download or (self.shelf_only and hub.REPO_ID.match(name)):
+                return hub.pull(name, progress)  # a repo id, never read as a path
+            return hub.resolve_model(name, progress)
+        except (hub.HubError, ValueError, OSError) as err:
+            raise ModelError(" ".join(str(err).split())) from None
 
     def _unload(self) -> None:
         self.engine = None
@@ -93,43 +127,45 @@ class ModelHost:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def switch(self, name: str, progress: Callable[[int, int], None] | None = None,
-               weight_bytes: int | None = None) -> Engine:
-        """Load ``name`` (a folder, a bundled model or a repo id; downloaded when needed) in place of the
-        current model. Refuses with the numbers when the weights do not fit the device's free memory (after
-        the current model is unloaded); the previous model is then loaded again."""
-        name = (name or "").strip()
-        if not name:
-            raise ModelError("choose a model or type a Hugging Face repo id (org/name)")
-        size = self.weight_bytes(name) if weight_bytes is None else weight_bytes
+    def switch(self, name: str, progress: Callable[[int, int], None] | None = None, download: bool = False) -> Engine:
+        """Load ``name`` (a folder, a bundled model or a repo id; downloaded when needed, before the lock) in
+        place of the current model. Refuses with the numbers when the weights do not fit the device's free
+        memory (after the current model is unloaded); the previous model is then loaded again."""
+        name = self.check_allowed(name, download)
+        if name == self.name and self.engine is not None:
+            return self.engine
+        return self.load_folder(self.fetch(name, progress, download), name)
+
+    def load_folder(self, folder: Path, name: str) -> Engine:
+        """Load a fetched model folder as ``name`` under `gpu` (waits for the answer being decoded)."""
+        size = hub.remote_weight_bytes(str(folder))  # a local folder: no network
         device = self.target_device()
         with self.gpu:
-            if name == self.name and self.engine is not None:
-                return self.engine
-            previous = self.name
+            previous = (self.folder, self.name) if self.folder else None
             ok, message = hub.fit_check(size, device, self.options.dtype)
             if not ok and self.engine is not None:
                 self._unload()  # the current model's memory counts as free for the new one
                 ok, message = hub.fit_check(size, device, self.options.dtype)
             if not ok:
                 if self.engine is None and previous:
-                    self._load_locked(previous, None)
+                    self._load_locked(*previous)
                 raise ModelError(f"{name} {message}")
             self._unload()
             try:
-                return self._load_locked(name, progress)
+                return self._load_locked(str(folder), name)
             except Exception as err:
                 reason = f"{type(err).__name__}: {err}" if not isinstance(err, (hub.HubError, ValueError)) else str(err)
                 if previous:
                     try:
-                        self._load_locked(previous, None)
+                        self._load_locked(*previous)
                     except Exception as again:  # pragma: no cover - the previous model loaded before
-                        reason += f"; reloading {previous} failed too: {again}"
-                raise ModelError(f"could not load {name}: {reason}") from None
+                        reason += f"; reloading {previous[1]} failed too: {again}"
+                raise ModelError(f"could not load {name}: {' '.join(reason.split())}") from None
 
-    def _load_locked(self, name: str, progress) -> Engine:
-        self.engine = Engine.load(name, progress=progress, **asdict(self.options))
-        self.name = name
+    def _load_locked(self, folder: str, name: str) -> Engine:
+        """Load from a local folder (never a download: this runs under `gpu`)."""
+        self.engine = Engine.load(folder, name=name, **asdict(self.options))
+        self.name, self.folder = name, folder
         try:
             paths.remember_model(name)
         except OSError:

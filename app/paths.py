@@ -21,34 +21,51 @@ def _home_override() -> Path | None:
     return Path(value).expanduser() if value else None
 
 
-def config_dir() -> Path:
-    """Folder of settings.json (created on first use)."""
+def config_dir(create: bool = True) -> Path:
+    """Folder of settings.json (created on first use; ``create=False`` for a read, which must work in a
+    read-only home where nothing will be written)."""
     import platformdirs
 
     home = _home_override()
     folder = home / "config" if home else Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
-    folder.mkdir(parents=True, exist_ok=True)
+    if create:
+        folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
-def data_dir() -> Path:
+def data_dir(create: bool = True) -> Path:
     """Folder for saved chats and other user data (created on first use)."""
     import platformdirs
 
     home = _home_override()
     folder = home / "data" if home else Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
-    folder.mkdir(parents=True, exist_ok=True)
+    if create:
+        folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
-def settings_path() -> Path:
-    return config_dir() / SETTINGS_FILE
+def settings_path(create: bool = True) -> Path:
+    """settings.json (readers pass ``create=False``: reading must not need a writable home)."""
+    return config_dir(create) / SETTINGS_FILE
+
+
+def check_writable(folder: Path) -> None:
+    """Create ``folder`` and prove a file can be written there; OSError (with the folder named) otherwise.
+    The app checks its chats folder at start, so a read-only data folder is reported once, in one line,
+    instead of failing every turn later."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-", delete=True)
+        probe.close()
+    except OSError as err:
+        raise OSError(f"cannot write in {folder} ({err.strerror or err}); make it writable or set "
+                      f"{HOME_ENV} to another folder") from None
 
 
 def load_app_settings() -> dict:
     """The saved settings, or {} when there are none yet or the file is unreadable (a settings file must
     never keep the app from starting; the next save replaces a corrupt one)."""
-    path = settings_path()
+    path = settings_path(create=False)
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

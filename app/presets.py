@@ -5,6 +5,7 @@ smaller refresh budget, half the LLaDA steps); "quality" commits less per step a
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from flash_dllm.engine import GenerationSettings, SettingsError, validate
@@ -71,10 +72,25 @@ def default_knobs() -> dict:
     return values
 
 
-def _int(name: str, value) -> int:
+def _float(name: str, value) -> float:
+    """A knob's value as a finite float; a SettingsError that names the knob otherwise (an API client can send
+    text, a list or NaN where the page's slider sends a number)."""
+    label = name.replace("_", " ")
     if value is None or value == "":
-        raise SettingsError(f"{name.replace('_', ' ')} is empty")
-    number = float(value)
+        raise SettingsError(f"{label} is empty")
+    if isinstance(value, bool):
+        raise SettingsError(f"{label} must be a number (got {value})")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{label} must be a number (got {str(value)[:40]!r})") from None
+    if not math.isfinite(number):
+        raise SettingsError(f"{label} must be a finite number (got {value})")
+    return number
+
+
+def _int(name: str, value) -> int:
+    number = _float(name, value)
     if number != int(number):
         raise SettingsError(f"{name.replace('_', ' ')} must be a whole number (got {value})")
     return int(number)
@@ -88,7 +104,7 @@ def build_settings(method: str, **knobs) -> GenerationSettings:
             values[name] = _int(name, knobs[name])
     for name in ("threshold", "gamma", "temperature"):
         if knobs.get(name) is not None:
-            values[name] = float(knobs[name])
+            values[name] = _float(name, knobs[name])
     if knobs.get("steps") is not None:
         steps = _int("steps", knobs["steps"])
         values["steps"] = steps if steps > 0 else None
@@ -97,6 +113,8 @@ def build_settings(method: str, **knobs) -> GenerationSettings:
         values["max_candidates"] = cands if cands > 0 else None
     if knobs.get("seed") not in (None, ""):
         values["seed"] = _int("seed", knobs["seed"])
+    if method is not None and not isinstance(method, str):
+        raise SettingsError(f"method must be a method's name (got {str(method)[:40]!r})")
     settings = GenerationSettings(method=method or _DEFAULTS.method)
     settings = GenerationSettings(**{**settings.to_dict(), **values})
     validate(settings)

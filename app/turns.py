@@ -1,21 +1,21 @@
-"""Chat turns: the streamed `chat` and `regenerate` handlers, and the per-session bookkeeping behind Stop
-and queued messages. Everything the page shows during a turn is folded from engine events (app/live.py)."""
+"""Chat turns: the streamed `chat` and `regenerate` handlers (the per-session bookkeeping behind Stop, queued
+messages and each chat's last canvas is app/sessions.py). Everything the page shows during a turn is folded
+from engine events (app/live.py)."""
 from __future__ import annotations
 
 import html
 import tempfile
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
 
 from flash_dllm.app.canvas import empty_canvas_html
-from flash_dllm.app.chats import Chat, ChatStore
+from flash_dllm.app.chats import Chat, ChatStore, clean_text
 from flash_dllm.app.live import FRAME_S, LiveRun, RunView
 from flash_dllm.app.models import ModelHost
 from flash_dllm.app.presets import KNOBS, build_settings
+from flash_dllm.app.sessions import Recordings, Sessions
 from flash_dllm.engine import SettingsError
 
 # Outputs of `chat` / `regenerate`, in order (app/ui.py wires components in this order).
@@ -24,81 +24,13 @@ OUTPUTS = ("chatbot", "chats", "canvas_a", "stats_a", "canvas_b", "stats_b", "an
 MAX_MESSAGE_CHARS = 32_000
 
 
-@dataclass
-class Queued:
-    session: str
-    text: str
-    at: float = field(default_factory=time.time)
-
-
-class Turn:
-    """One chat turn (one or two runs). Stop ends the current run between steps and skips the next one."""
-
-    def __init__(self):
-        self.stopped = threading.Event()
-        self.run: LiveRun | None = None
-
-    def attach(self, run: LiveRun) -> None:
-        self.run = run
-        if self.stopped.is_set():
-            run.stop()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        run = self.run
-        if run is not None:
-            run.stop()
-
-
-class Sessions:
-    """Running turns per browser session (Stop cancels them) and messages queued per chat (shown while they
-    wait for the engine, so a message sent during a generation is visibly kept)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.running: dict[str, set[Turn]] = {}
-        self.pending: dict[str, list[Queued]] = {}
-
-    def queue(self, chat_id: str, session: str, text: str) -> None:
-        with self._lock:
-            self.pending.setdefault(chat_id, []).append(Queued(session, text))
-
-    def unqueue(self, chat_id: str, session: str | None, text: str) -> bool:
-        with self._lock:
-            items = self.pending.get(chat_id, [])
-            for index, item in enumerate(items):
-                if item.session == session and item.text == text:
-                    del items[index]
-                    return True
-        return False
-
-    def queued(self, chat_id: str) -> list[str]:
-        with self._lock:
-            return [item.text for item in self.pending.get(chat_id, [])]
-
-    def drop_session(self, session: str) -> None:
-        with self._lock:
-            for items in self.pending.values():
-                items[:] = [item for item in items if item.session != session]
-            self.running.pop(session, None)
-
-    def begin(self, session: str | None) -> Turn:
-        turn = Turn()
-        with self._lock:
-            self.running.setdefault(session or "", set()).add(turn)
-        return turn
-
-    def end(self, session: str | None, turn: Turn) -> None:
-        with self._lock:
-            self.running.get(session or "", set()).discard(turn)
-
-    def stop(self, session: str | None) -> int:
-        """Stop every running turn of this session; returns how many there were."""
-        with self._lock:
-            turns = list(self.running.get(session or "", set()))
-        for turn in turns:
-            turn.stop()
-        return len(turns)
+def save_orphans(ctx: "AppContext", chat_id: str) -> None:
+    """Save a chat's orphaned queued messages as questions (the user finds them there and can Regenerate)."""
+    for text in ctx.sessions.take_orphans(chat_id):
+        try:
+            ctx.store.add_message(chat_id, "user", text)
+        except (KeyError, OSError):
+            return  # the chat was deleted, or cannot be written: nothing left to keep it in
 
 
 @dataclass
@@ -106,6 +38,7 @@ class AppContext:
     host: ModelHost
     store: ChatStore
     sessions: Sessions = field(default_factory=Sessions)
+    recordings: Recordings = field(default_factory=Recordings)
     export_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="flash-dllm-export-")))
     share_note: str = ""
     frame_s: float = FRAME_S
@@ -141,6 +74,17 @@ def settings_meta(view: RunView, settings, model: str | None) -> dict:
             "settings": settings.to_dict()}
 
 
+def stop_note(views: list[RunView], kept: bool, regenerate: bool) -> str:
+    steps = views[0].stats.steps if views else 0
+    if kept:
+        return note(f"Stopped after {steps} steps; the partial answer is kept.", "warn")
+    if regenerate:
+        return note(f"Stopped after {steps} steps, before any token was committed; the previous answer is "
+                    "unchanged.", "warn")
+    return note(f"Stopped after {steps} steps, before any token was committed: nothing was kept, and your "
+                "message is back in the box.", "warn")
+
+
 def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system: str, method: str,
               side_by_side: bool, method_b: str, knob_values: tuple, session: str | None, regenerate: bool = False):
     """Generator of output tuples (see OUTPUTS) for one streamed turn."""
@@ -150,13 +94,15 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
         values.update(changes)
         return tuple(values[name] for name in OUTPUTS)
 
-    message = message or ""
-    text = message.strip()
+    message = message if isinstance(message, str) else ""
+    chat_id = chat_id if isinstance(chat_id, str) else None
+    text = clean_text(message).strip()
+    system = clean_text(system if isinstance(system, str) else "")
     knobs = dict(zip(KNOBS, knob_values, strict=True))
-    chat = None
+    queued = False
     if not regenerate:
         if chat_id and session:
-            ctx.sessions.unqueue(chat_id, session, message)
+            queued = ctx.sessions.unqueue(chat_id, session, message)
         if not text:
             yield emit(status=note("Type a message first.", "warn"))
             return
@@ -170,31 +116,47 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
     except (SettingsError, ValueError, TypeError) as err:
         yield emit(status=note(f"Setting not accepted: {err}", "error"), message=message if not regenerate else gr.skip())
         return
-    engine = ctx.host.engine
-    if engine is None:
+    if ctx.host.engine is None:
         yield emit(status=note("No model is loaded: choose one under Model.", "error"), message=message)
         return
-    chat = ctx.store.get_or_create(chat_id, system or "")
-    if (system or "") != chat.system:
-        chat.system = system or ""
-        ctx.store.save(chat)
+    try:
+        if regenerate:
+            chat = ctx.store.get(chat_id)  # never creates: an unknown id has nothing to regenerate
+        else:
+            chat = ctx.store.get_or_create(chat_id, system)
+        if system != chat.system:
+            chat.system = system
+            ctx.store.save(chat)
+    except KeyError:
+        yield emit(status=note("Nothing to regenerate: that chat does not exist (any more).", "warn"))
+        return
+    except OSError as err:
+        yield emit(status=note(f"{err}", "error"), message=message if not regenerate else gr.skip())
+        return
     if regenerate:
         replace = bool(chat.messages) and chat.messages[-1]["role"] == "assistant"
         history = chat.messages[:-1] if replace else list(chat.messages)
         if not history or history[-1]["role"] != "user":
             yield emit(status=note("Nothing to regenerate: send a message first.", "warn"))
             return
-        prompt = Chat(chat.id, chat.title, system=chat.system, messages=history).conversation()
         shown = Chat(chat.id, chat.title, system=chat.system, messages=history)
+        asked = history[-1]["content"]
     else:
         replace = False
-        chat = ctx.store.add_message(chat.id, "user", text)
-        prompt, shown = chat.conversation(), chat
+        saved_before = (not queued and chat.messages and chat.messages[-1]["role"] == "user"
+                        and chat.messages[-1]["content"] == text)  # saved when its page went away
+        try:
+            shown = chat if saved_before else ctx.store.add_message(chat.id, "user", text)
+        except OSError as err:
+            yield emit(status=note(f"{err}", "error"), message=message)
+            return
+        asked = text
+    prompt = shown.conversation()
     choices = gr.update(choices=chat_choices(ctx.store), value=chat.id)
-    turn = ctx.sessions.begin(session)
+    turn = ctx.sessions.begin(session, chat.id)
     runs = [("A", settings)] + ([("B", settings_b)] if settings_b is not None else [])
     views: list[RunView] = []
-    failure, dropped = None, 0
+    failure, dropped, kept = None, 0, False
     values.update(canvas_b=empty_canvas_html("Side-by-side is off.") if settings_b is None else
                   empty_canvas_html("B starts when A is done (one generation at a time)."))
     ctx.host.gpu.acquire()
@@ -204,7 +166,7 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
         for label, run_settings in runs:
             if turn.stopped.is_set():
                 break
-            view = RunView(label, ctx.host.describe(), engine.device)
+            view = RunView(label, ctx.host.describe(), engine.device, prompt_text=asked)
             views.append(view)
             canvas_key, stats_key = ("canvas_a", "stats_a") if label == "A" else ("canvas_b", "stats_b")
             run = LiveRun(engine, [prompt], run_settings, frame_s=ctx.frame_s)
@@ -230,30 +192,38 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
                 break
             result = view.result
             if label == "A":
-                # a stopped turn keeps what it committed; one stopped before any token leaves the question open
+                # a stopped turn keeps what it committed; one stopped before any token leaves nothing behind
                 if result is not None and (result.text or result.finish_reason != "cancelled"):
                     meta = settings_meta(view, run_settings, ctx.host.name)
                     shown = ctx.store.put_answer(chat.id, result.text, meta, replace)
+                    kept = True
             else:
                 values["answer_b"] = result.text if result is not None else ""
+    except OSError as err:  # the chats folder became unwritable mid-turn
+        failure = str(err)
     finally:
         ctx.host.gpu.release()
-        ctx.sessions.end(session, turn)
-    if failure is not None and not regenerate and not views[0].result:
-        ctx.store.pop_last(chat.id, "user", text)  # the message goes back to the box, not into the chat
-        shown = ctx.store.get(chat.id)
+        ctx.sessions.end(session, turn, chat.id)
+        save_orphans(ctx, chat.id)
+    stopped = any(v.stats.finish_reason == "cancelled" for v in views) or (turn.stopped.is_set() and len(views) < len(runs))
+    if not regenerate and not kept and (failure is not None or stopped):
+        try:  # the question goes back to the box, not into the chat (it would change the next answer)
+            ctx.store.pop_last(chat.id, "user", text)
+            shown = ctx.store.get(chat.id)
+        except (KeyError, OSError):
+            pass
         values["message"] = message
     if failure is not None:
         status = note(f"{failure}. The engine is ready for the next message.", "error")
-    elif any(v.stats.finish_reason == "cancelled" for v in views) or (turn.stopped.is_set() and len(views) < len(runs)):
-        steps = views[0].stats.steps if views else 0
-        status = note(f"Stopped after {steps} steps; the partial answer is kept.", "warn")
+    elif stopped:
+        status = stop_note(views, kept, regenerate)
     else:
         parts = [f"{v.label}: {v.stats.generated_tokens} tokens in {v.stats.elapsed_s:.2f} s "
                  f"({v.stats.tokens_per_s:.1f} tok/s, {v.stats.tokens_per_forward:.2f} tokens/forward)" for v in views]
         status = note("Done. " + " · ".join(parts) + (f" · the {dropped} oldest messages were left out to fit "
                                                        f"the model's context" if dropped else ""))
     recordings = [v.canvas for v in views]
+    ctx.recordings.keep(session, chat.id, views)
     max_step = max((c.steps for c in recordings if c is not None), default=0)
     yield emit(
         chatbot=chat_messages(shown, ctx.sessions.queued(chat.id)),

@@ -123,9 +123,10 @@ def wire_turns(ctx: AppContext, page: SimpleNamespace) -> None:
     settings_inputs = [page.system, page.method, page.side, page.method_b, *page.knob_inputs]
     gr.on([page.message.submit, page.send_btn.click], bind(h.accept, ctx), [page.message, page.chats],
           [page.message, page.chats, page.chatbot, page.turn_msg], queue=False, api_name="queue_message",
-          api_visibility="private").then(
+          api_visibility="private", trigger_mode="multiple").then(
         bind(h.chat, ctx), [page.turn_msg, page.chats, *settings_inputs], turn_outputs, api_name="chat",
-        concurrency_id="gpu", concurrency_limit=1, show_progress="minimal", show_progress_on=page.status)
+        concurrency_id="gpu", concurrency_limit=1, show_progress="minimal", show_progress_on=page.status,
+        trigger_mode="multiple")
     page.regen_btn.click(bind(h.regenerate, ctx), [page.chats, *settings_inputs], turn_outputs, api_name="regenerate",
                          concurrency_id="gpu", concurrency_limit=1, show_progress="minimal",
                          show_progress_on=page.status)
@@ -145,24 +146,34 @@ def wire_canvas(ctx: AppContext, page: SimpleNamespace) -> None:
 
 def wire_chats(ctx: AppContext, page: SimpleNamespace) -> None:
     listing = [page.chats, page.chatbot, page.status]
+    # after any change of the chosen chat, the canvas column follows it (its own private event, so the public
+    # events keep their outputs)
+    canvas = dict(fn=bind(h.chat_canvas, ctx), inputs=page.chats,
+                  outputs=[getattr(page, name) for name in h.CANVAS_OUTPUTS], api_visibility="private",
+                  queue=False)
     page.chats.input(bind(h.open_chat, ctx), page.chats, [page.chatbot, page.system, page.status],
-                     api_name="open_chat")
-    page.new_btn.click(bind(h.new_chat, ctx), page.system, listing, api_name="new_chat")
-    page.clear_btn.click(bind(h.clear, ctx), page.system, listing, api_name="clear")
+                     api_name="open_chat").then(api_name="canvas_after_open", **canvas)
+    page.new_btn.click(bind(h.new_chat, ctx), page.system, listing, api_name="new_chat").then(
+        api_name="canvas_after_new", **canvas)
+    page.clear_btn.click(bind(h.clear, ctx), page.system, listing, api_name="clear").then(
+        api_name="canvas_after_clear", **canvas)
     page.rename_btn.click(bind(h.rename_chat, ctx), [page.chats, page.rename_box],
                           [page.chats, page.rename_box, page.status], api_name="rename_chat")
     page.delete_btn.click(bind(h.delete_chat, ctx), page.chats, listing, api_name="delete_chat",
-                          js="(id) => (id && confirm('Delete this chat for good?')) ? id : null")
+                          js="(id) => (id && confirm('Delete this chat for good?')) ? id : null").then(
+        api_name="canvas_after_delete", **canvas)
     page.export_btn.click(bind(h.export_chat, ctx), [page.chats, page.export_fmt], [page.chat_file, page.status],
                           api_name="export_chat")
 
 
 def wire_models(ctx: AppContext, page: SimpleNamespace) -> None:
     model_outputs = [page.model_note, page.system_info, page.model_dd, page.banner]
+    # one switch at a time, in its own group: a download (or a stalled Hub) never holds the "gpu" group that
+    # chats queue in; the switch takes the engine's lock only to load (app/models.py)
     page.load_btn.click(bind(h.load_model, ctx), page.model_dd, model_outputs, api_name="load_model",
-                        concurrency_id="gpu", concurrency_limit=1)
+                        concurrency_id="models", concurrency_limit=1)
     page.download_btn.click(bind(h.download_model, ctx), page.repo_box, model_outputs, api_name="download_model",
-                            concurrency_id="download", concurrency_limit=1)
+                            concurrency_id="models", concurrency_limit=1)
 
 
 def wire_settings(ctx: AppContext, page: SimpleNamespace) -> None:

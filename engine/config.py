@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 SUPPORTED = "LLaDA (GSAI-ML/LLaDA-8B-Instruct, GSAI-ML/LLaDA-1.5, GSAI-ML/LLaDA-8B-Base) and Dream (Dream-org/Dream-v0-Instruct-7B)"
@@ -45,55 +46,72 @@ class ModelConfig:
         return self.vocab_size * d + self.n_layers * per_layer + d + head
 
 
+def _number(raw: dict, key: str, kind=int, default=None):
+    """``raw[key]`` as an int (or float), naming the key when it is missing, null, text or a list."""
+    value = raw.get(key, default) if default is not None else raw[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        raise UnsupportedModelError(f"config.json: {key} must be a{'n integer' if kind is int else ' number'} "
+                                    f"(got {json.dumps(value)[:40]})")
+    return kind(value)
+
+
+def _positive(raw: dict, key: str, default=None) -> int:
+    value = _number(raw, key, int, default)
+    if value < 1:
+        raise UnsupportedModelError(f"config.json: {key} must be a positive integer (got {value})")
+    return value
+
+
 def _llada(raw: dict) -> ModelConfig:
-    d, heads = int(raw["d_model"]), int(raw["n_heads"])
+    d, heads = _positive(raw, "d_model"), _positive(raw, "n_heads")
     if raw.get("include_bias"):
         raise UnsupportedModelError("LLaDA checkpoints with include_bias=true are not supported")
     return ModelConfig(
         family="llada",
         d_model=d,
-        n_layers=int(raw["n_layers"]),
+        n_layers=_positive(raw, "n_layers"),
         n_heads=heads,
-        n_kv_heads=int(raw.get("n_kv_heads") or heads),
+        n_kv_heads=_positive(raw, "n_kv_heads") if raw.get("n_kv_heads") is not None else heads,
         head_dim=d // heads,
-        mlp_hidden=int(raw["mlp_hidden_size"]),
-        vocab_size=int(raw.get("embedding_size") or raw["vocab_size"]),
-        rope_theta=float(raw.get("rope_theta", 10000.0)),
-        norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
-        max_seq_len=int(raw.get("max_sequence_length", 4096)),
+        mlp_hidden=_positive(raw, "mlp_hidden_size"),
+        vocab_size=_positive(raw, "embedding_size") if raw.get("embedding_size") else _positive(raw, "vocab_size"),
+        rope_theta=_number(raw, "rope_theta", float, 10000.0),
+        norm_eps=_number(raw, "rms_norm_eps", float, 1e-5),
+        max_seq_len=_positive(raw, "max_sequence_length", 4096),
         tie_embeddings=bool(raw.get("weight_tying", False)),
         qkv_bias=bool(raw.get("include_qkv_bias", False)),
-        mask_id=int(raw.get("mask_token_id", 126336)),
-        eos_id=int(raw.get("eos_token_id", 126081)),
+        mask_id=_number(raw, "mask_token_id", int, 126336),
+        eos_id=_number(raw, "eos_token_id", int, 126081),
         pad_id=raw.get("pad_token_id"),
     )
 
 
 def _dream(raw: dict) -> ModelConfig:
-    d, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    d, heads = _positive(raw, "hidden_size"), _positive(raw, "num_attention_heads")
     return ModelConfig(
         family="dream",
         d_model=d,
-        n_layers=int(raw["num_hidden_layers"]),
+        n_layers=_positive(raw, "num_hidden_layers"),
         n_heads=heads,
-        n_kv_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(raw.get("head_dim") or d // heads),
-        mlp_hidden=int(raw["intermediate_size"]),
-        vocab_size=int(raw["vocab_size"]),
-        rope_theta=float(raw.get("rope_theta", 1e6)),
-        norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        max_seq_len=int(raw.get("max_position_embeddings", 2048)),
+        n_kv_heads=_positive(raw, "num_key_value_heads") if raw.get("num_key_value_heads") is not None else heads,
+        head_dim=_positive(raw, "head_dim") if raw.get("head_dim") is not None else d // heads,
+        mlp_hidden=_positive(raw, "intermediate_size"),
+        vocab_size=_positive(raw, "vocab_size"),
+        rope_theta=_number(raw, "rope_theta", float, 1e6),
+        norm_eps=_number(raw, "rms_norm_eps", float, 1e-6),
+        max_seq_len=_positive(raw, "max_position_embeddings", 2048),
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
         qkv_bias=True,  # Qwen2 layout: q/k/v always carry a bias
-        mask_id=int(raw.get("mask_token_id", 151666)),
-        eos_id=int(raw.get("eos_token_id", 151643)),
+        mask_id=_number(raw, "mask_token_id", int, 151666),
+        eos_id=_number(raw, "eos_token_id", int, 151643),
         pad_id=raw.get("pad_token_id"),
     )
 
 
 def detect_family(raw: dict) -> str:
     model_type = str(raw.get("model_type", "")).lower()
-    archs = " ".join(raw.get("architectures") or []).lower()
+    archs = raw.get("architectures") or []
+    archs = " ".join(map(str, archs) if isinstance(archs, list) else [str(archs)]).lower()
     if model_type == "llada" or "llada" in archs:
         return "llada"
     if model_type == "dream" or "dream" in archs:
@@ -102,12 +120,45 @@ def detect_family(raw: dict) -> str:
     raise UnsupportedModelError(f"unsupported model type {name!r}; supported: {SUPPORTED}")
 
 
+POSITIVE = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden", "vocab_size", "max_seq_len")
+
+
+def check_geometry(cfg: ModelConfig) -> ModelConfig:
+    """Refuse a config whose numbers cannot describe a model (a zero or negative size, heads that do not
+    divide, a token id outside the vocabulary), so a broken checkpoint fails at load with its key named
+    instead of crashing the first forward or being remembered as a usable model."""
+    for name in POSITIVE:
+        if getattr(cfg, name) < 1:
+            raise UnsupportedModelError(f"config.json: {name} must be a positive integer (got {getattr(cfg, name)})")
+    if cfg.n_heads % cfg.n_kv_heads:
+        raise UnsupportedModelError(f"config.json: {cfg.n_heads} attention heads cannot share "
+                                    f"{cfg.n_kv_heads} key/value heads (it must divide them)")
+    if cfg.family == "llada" and cfg.d_model % cfg.n_heads:
+        raise UnsupportedModelError(f"config.json: d_model {cfg.d_model} is not a multiple of n_heads {cfg.n_heads}")
+    if cfg.head_dim % 2:
+        raise UnsupportedModelError(f"config.json: the head size {cfg.head_dim} must be even (rotary embedding)")
+    for name in ("rope_theta", "norm_eps"):
+        value = getattr(cfg, name)
+        if not math.isfinite(value) or value <= 0:
+            raise UnsupportedModelError(f"config.json: {name} must be a positive number (got {value})")
+    for name in ("mask_id", "eos_id"):
+        if not 0 <= getattr(cfg, name) < cfg.vocab_size:
+            raise UnsupportedModelError(f"config.json: {name} {getattr(cfg, name)} lies outside the vocabulary "
+                                        f"of {cfg.vocab_size} tokens")
+    return cfg
+
+
 def config_from_dict(raw: dict) -> ModelConfig:
+    if not isinstance(raw, dict):
+        raise UnsupportedModelError(f"config.json must hold a JSON object, not a {type(raw).__name__}")
     family = detect_family(raw)
     try:
-        return _llada(raw) if family == "llada" else _dream(raw)
+        cfg = _llada(raw) if family == "llada" else _dream(raw)
     except KeyError as missing:
         raise UnsupportedModelError(f"config.json of this {family} model lacks the key {missing}") from None
+    if cfg.pad_id is not None and not isinstance(cfg.pad_id, int):  # the engine pads with EOS when it has none
+        cfg = replace(cfg, pad_id=None)
+    return check_geometry(cfg)
 
 
 def load_config(folder: str | Path) -> ModelConfig:
@@ -115,7 +166,11 @@ def load_config(folder: str | Path) -> ModelConfig:
     if not path.is_file():
         raise UnsupportedModelError(f"{folder} has no config.json; supported: {SUPPORTED}")
     try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise UnsupportedModelError(f"{path} is not valid JSON ({err})") from None
-    return config_from_dict(raw)
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as err:  # JSONDecodeError and UnicodeDecodeError (a binary file) are ValueErrors
+        raise UnsupportedModelError(f"{path} is not a readable JSON file ({type(err).__name__}: "
+                                    f"{' '.join(str(err).split())[:120]})") from None
+    try:
+        return config_from_dict(raw)
+    except UnsupportedModelError as err:
+        raise UnsupportedModelError(str(err).replace("config.json", str(path), 1)) from None

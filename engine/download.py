@@ -10,14 +10,20 @@ snapshot_download afterwards only links it into the snapshot folder.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
 
 REPORT_EVERY = 1024 * 1024  # bytes between two progress callbacks (one network read is ~64 KiB)
 MAX_STALLS = 3  # failed attempts in a row without a single new byte before a download gives up
+TIMEOUT_ENV = "HF_HUB_DOWNLOAD_TIMEOUT"  # huggingface_hub's own variable, read at call time here
+DEFAULT_TIMEOUT_S = 20.0  # seconds without a connection or a byte before a Hub call counts as stalled
+_timeouts_lock = threading.Lock()
+_timeouts_installed = False
 
 Progress = Callable[[int, int], None]
 
@@ -39,6 +45,51 @@ def network_errors() -> tuple[type[BaseException], ...]:
             continue
         found += [getattr(mod, name) for name in names if hasattr(mod, name)]
     return tuple(found)
+
+
+def network_timeout_s() -> float:
+    """How long one network step (connect, or the next bytes) may take before it fails."""
+    try:
+        value = float(os.environ.get(TIMEOUT_ENV, ""))
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+    return value if math.isfinite(value) and value > 0 else DEFAULT_TIMEOUT_S
+
+
+def install_timeouts() -> None:
+    """Give every request huggingface_hub makes a timeout. Its shared client has none, and several of its
+    calls pass ``timeout=None`` explicitly (model_info, the repo_info inside snapshot_download), which
+    disables a client-wide default; so the timeout is added below the client, in its transport, to each
+    request that has none. A Hub that accepts connections and never answers then fails the call within
+    `network_timeout_s` instead of hanging it (and the app's model switch, and a pull) forever."""
+    global _timeouts_installed
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils import get_session
+
+    with _timeouts_lock:
+        if _timeouts_installed:
+            return
+        template = get_session()  # built by the current factory: keep its class and event hooks
+        client_class, hooks = type(template), template.event_hooks
+        http = importlib.import_module(client_class.__module__.split(".")[0])  # httpx or httpx2
+
+        class TimeoutTransport(http.BaseTransport):
+            def __init__(self):
+                self.inner = http.HTTPTransport()
+
+            def handle_request(self, request):
+                limit = network_timeout_s()
+                given = request.extensions.get("timeout") or {}
+                request.extensions["timeout"] = {key: given.get(key) or limit
+                                                 for key in ("connect", "read", "write", "pool")}
+                return self.inner.handle_request(request)
+
+            def close(self) -> None:
+                self.inner.close()
+
+        set_client_factory(lambda: client_class(event_hooks=hooks, follow_redirects=True,
+                                                transport=TimeoutTransport()))
+        _timeouts_installed = True
 
 
 def human_size(n: int) -> str:
@@ -139,7 +190,6 @@ def download_resumable(url: str, partial: Path, size: int, headers: dict, report
     """Append the missing bytes of `url` to `partial` until it holds `size` bytes. A dropped connection is
     retried from where it stopped while bytes keep arriving; anything else raises DownloadError, keeping
     `partial` for the next run."""
-    from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError
     from huggingface_hub.utils import get_session, hf_raise_for_status
 
@@ -158,7 +208,7 @@ def download_resumable(url: str, partial: Path, size: int, headers: dict, report
         got = 0
         try:
             with get_session().stream("GET", url, headers=request_headers, follow_redirects=True,
-                                      timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
+                                      timeout=network_timeout_s()) as response:
                 hf_raise_for_status(response)
                 if have and response.status_code != 206:  # the server ignored the Range: take the whole file
                     reporter.add(-counted)

@@ -44,8 +44,10 @@ def pick_device(device: str | torch.device | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         chosen = torch.device(device)
-    except (RuntimeError, ValueError):
+    except (RuntimeError, ValueError, TypeError):
         raise SettingsError(f"unknown device {device!r}; use cuda, cuda:N, cpu or auto") from None
+    if chosen.type not in ("cuda", "cpu"):  # torch knows mps, xpu, meta...; the engine runs on neither
+        raise SettingsError(f"device {str(device)!r} is not supported; use cuda, cuda:N, cpu or auto")
     if chosen.type == "cuda":
         if not torch.cuda.is_available():
             raise SettingsError(f"device {str(device)!r}: no CUDA GPU is available (use cpu)")
@@ -94,10 +96,12 @@ class Engine:
 
     @classmethod
     def load(cls, model: str | Path, device: str | None = None, dtype=None, kernels: str | None = None,
-             progress: Callable | None = None, graphs: bool = True) -> "Engine":
+             progress: Callable | None = None, graphs: bool = True, name: str | None = None) -> "Engine":
         """`model` is a local folder or a Hugging Face repo id (downloaded into the HF cache if needed).
         ``device``, ``dtype`` and ``kernels`` ("auto" or None for the defaults) are checked first, so a bad one
-        raises SettingsError before anything is downloaded; running out of memory raises EngineError."""
+        raises SettingsError before anything is downloaded; running out of memory raises EngineError.
+        ``name`` is what the engine reports as its model (default: ``model``), for a caller that resolved a
+        repo id to its cached folder itself, off the lock its users wait on."""
         from flash_dllm.engine.hub import resolve_model
 
         dev = pick_device(device)
@@ -112,7 +116,8 @@ class Engine:
             raise EngineError(f"out of memory loading {model} on {dev.type} in "
                               f"{str(weights_dtype).replace('torch.', '')}; use a smaller model or another "
                               "device or dtype") from None
-        return cls(weights, load_tokenizer(folder, weights.config), str(model), Path(folder), backend, graphs=graphs)
+        return cls(weights, load_tokenizer(folder, weights.config), name or str(model), Path(folder), backend,
+                   graphs=graphs)
 
     @staticmethod
     def methods() -> dict[str, str]:

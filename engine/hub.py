@@ -17,14 +17,16 @@ from pathlib import Path
 from typing import Callable
 
 from flash_dllm.engine.config import SUPPORTED, UnsupportedModelError, load_config
-from flash_dllm.engine.download import DownloadError, fetch_weights, network_errors, repo_storage, silent_tqdm
+from flash_dllm.engine.download import (DownloadError, fetch_weights, install_timeouts, network_errors,
+                                        network_timeout_s, repo_storage, silent_tqdm)
 
 ALLOW_PATTERNS = [
     "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json",
     "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
     "chat_template.jinja",
 ]  # never *.bin / *.pt: pickles can run code when loaded, and the engine reads safetensors only
-REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# org/name as the Hub spells them: no "..", no leading dot, so a repo id is never also a relative path upward
+REPO_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][\w.-]*/[A-Za-z0-9_][\w.-]*$")
 DEFAULT_ENDPOINT = "https://huggingface.co"
 REVISION = "main"
 GIB = 1024**3
@@ -69,6 +71,7 @@ class HubEnv:
         from huggingface_hub import constants
 
         constants.HF_HUB_OFFLINE = self.offline
+        install_timeouts()  # a stalled Hub fails a call instead of hanging it
 
     def storage(self, repo_id: str) -> Path:
         return repo_storage(self.cache_dir, repo_id)
@@ -137,8 +140,8 @@ def _snapshot_of(storage: Path) -> Path | None:
     """The snapshot `refs/main` points to, else the newest one."""
     ref = storage / "refs" / REVISION
     if ref.is_file():
-        folder = storage / "snapshots" / ref.read_text().strip()
-        if folder.is_dir():
+        folder = storage / "snapshots" / ref.read_text(errors="replace").strip()  # a damaged ref names nothing
+        if folder.is_dir() and folder.parent == storage / "snapshots":
             return folder
     snapshots = [p for p in (storage / "snapshots").glob("*") if p.is_dir()]
     return max(snapshots, key=lambda p: p.stat().st_mtime) if snapshots else None
@@ -221,15 +224,22 @@ def _sibling_sizes(info) -> dict[str, int]:
     return sizes
 
 
+class Unreachable(Exception):
+    """The Hub did not answer (no connection, or no answer within the network timeout); says which."""
+
+
 def _model_info(repo_id: str, env: HubEnv):
-    """The repo's file list with sizes, or None when the Hub cannot be reached."""
+    """The repo's file list with sizes; Unreachable when the Hub cannot be reached or does not answer."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
     try:
-        return HfApi(endpoint=env.endpoint, token=env.token).model_info(repo_id, revision=REVISION, files_metadata=True)
-    except network_errors():
-        return None
+        return HfApi(endpoint=env.endpoint, token=env.token).model_info(
+            repo_id, revision=REVISION, files_metadata=True, timeout=network_timeout_s())
+    except network_errors() as err:
+        stalled = "timeout" in type(err).__name__.lower() or "timed out" in str(err).lower()
+        raise Unreachable(f"{env.endpoint} did not answer within {network_timeout_s():.0f} s" if stalled
+                          else f"cannot reach {env.endpoint}") from None
     except HfHubHTTPError as err:
         raise _hub_error(repo_id, err, env) from None
 
@@ -245,9 +255,10 @@ def pull(repo_id: str, progress: Progress | None = None) -> Path:
     env.activate()
     if env.offline:
         return _cached_or_raise(repo_id, env, "offline (HF_HUB_OFFLINE=1)")
-    info = _model_info(repo_id, env)
-    if info is None:
-        return _cached_or_raise(repo_id, env, f"cannot reach {env.endpoint}")
+    try:
+        info = _model_info(repo_id, env)
+    except Unreachable as why:
+        return _cached_or_raise(repo_id, env, str(why))
     sizes = _sibling_sizes(info)
     ready = _complete_snapshot(repo_id, info.sha, sizes, env)
     if ready is not None:  # already pulled at the Hub's current commit: one request, no download
@@ -306,9 +317,12 @@ def remote_weight_bytes(repo_id: str) -> int:
         raise HubError(f"{repo_id}: no such folder, and not a Hugging Face repo id (org/name)")
     env = HubEnv.current()
     env.activate()
-    info = None if env.offline else _model_info(repo_id, env)
-    if info is None:
-        return _weights_size(_cached_or_raise(repo_id, env, "offline or the Hub is unreachable"))
+    if env.offline:
+        return _weights_size(_cached_or_raise(repo_id, env, "offline (HF_HUB_OFFLINE=1)"))
+    try:
+        info = _model_info(repo_id, env)
+    except Unreachable as why:
+        return _weights_size(_cached_or_raise(repo_id, env, str(why)))
     return sum(size for name, size in _sibling_sizes(info).items() if name.endswith(".safetensors"))
 
 

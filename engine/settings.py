@@ -1,6 +1,7 @@
 """Generation settings, their validation, and the per-sequence result. One place defines what is legal."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from flash_dllm.engine.methods import descriptions
@@ -8,6 +9,7 @@ from flash_dllm.engine.methods import descriptions
 METHODS = descriptions()  # name -> what it does (the registry, engine/methods.py, is the source)
 ACCEPTANCE_RULES = ("paper", "cumulative")
 CACHE_MODES = ("dual", "prefix")
+MIN_TEMPERATURE = 1e-3
 
 
 class SettingsError(ValueError):
@@ -72,12 +74,19 @@ def validate(settings: GenerationSettings, max_context: int | None = None, promp
             raise SettingsError(
                 f"steps {s.steps} must be a multiple of the number of blocks ({s.n_blocks}) between {s.n_blocks} and {s.gen_length}"
             )
+    for name in ("threshold", "temperature", "cfg_scale", "gamma"):
+        value = getattr(s, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise SettingsError(f"{name.replace('_', ' ')} must be a finite number (got {value})")
     if not 0.0 < s.threshold <= 1.0:
         raise SettingsError(f"threshold must be in (0, 1] (got {s.threshold})")
-    if s.temperature < 0:
-        raise SettingsError(f"temperature must be >= 0 (got {s.temperature})")
+    if s.temperature < 0 or 0 < s.temperature < MIN_TEMPERATURE:
+        # logits / temperature overflows to inf below ~1e-37 (every token then ties); far earlier it is greedy
+        raise SettingsError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE} (got {s.temperature})")
     if s.cfg_scale < 0:
         raise SettingsError(f"cfg scale must be >= 0 (got {s.cfg_scale})")
+    if s.seed is not None and (isinstance(s.seed, bool) or not isinstance(s.seed, int) or not 0 <= s.seed < 2**64):
+        raise SettingsError(f"seed must be an integer in [0, 2**64) (got {s.seed})")
     if s.cache_mode not in CACHE_MODES:
         raise SettingsError(f"cache mode must be one of {', '.join(CACHE_MODES)} (got {s.cache_mode!r})")
     if s.window < 1:

@@ -132,8 +132,15 @@ def safetensor_files(folder: Path) -> list[Path]:
     """The shards named by model.safetensors.index.json, or every *.safetensors file in the folder."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        files = sorted({folder / name for name in weight_map.values()})
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+            names = {str(name) for name in weight_map.values()}
+        except (ValueError, OSError, AttributeError) as err:  # not JSON, not UTF-8, or not {"weight_map": {...}}
+            raise WeightsError(f"{index} is not a readable safetensors index ({type(err).__name__}: "
+                               f"{' '.join(str(err).split())[:120]})") from None
+        if any(Path(name).is_absolute() or ".." in Path(name).parts for name in names):
+            raise WeightsError(f"{index} names a shard outside the model folder")
+        files = sorted(folder / name for name in names)
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise WeightsError(f"missing safetensors shard(s) in {folder}: {', '.join(missing)}")

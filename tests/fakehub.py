@@ -6,7 +6,8 @@ GET and Range, and `/api/agent-harnesses`. Files ending in .safetensors/.bin/.pt
 (ETag = sha256, X-Linked-Etag/X-Linked-Size), the rest with git blob ids, like the real Hub.
 
 For tests it logs every request and can cut a file's download short (a dropped connection), optionally
-refusing that file afterwards until `heal()` (a network that stays down).
+refusing that file afterwards until `heal()` (a network that stays down), or `stall()`: accept every
+connection and never answer, until `heal()` or `stop()` (a Hub behind a broken proxy).
 """
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ class FakeHub:
     requests: list[LoggedRequest] = field(default_factory=list)
     interruptions: dict[str, Interruption] = field(default_factory=dict)
     server: ThreadingHTTPServer | None = None
+    stalled: bool = False
     _thread: threading.Thread | None = None
+    _release: threading.Event = field(default_factory=threading.Event)
 
     # ---- repos -------------------------------------------------------------------------------------------
     def add_repo(self, repo_id: str, folder: Path | None = None, extra: dict[str, bytes] | None = None) -> Path:
@@ -85,6 +88,13 @@ class FakeHub:
 
     def heal(self) -> None:
         self.interruptions.clear()
+        self.stalled = False
+        self._release.set()
+
+    def stall(self) -> None:
+        """From now on every request is read and never answered (the connection stays open)."""
+        self._release.clear()
+        self.stalled = True
 
     def gets(self, suffix: str = "") -> list[LoggedRequest]:
         return [r for r in self.requests if r.method == "GET" and "/resolve/" in r.path and r.path.endswith(suffix)]
@@ -110,6 +120,7 @@ class FakeHub:
         return self
 
     def stop(self) -> None:
+        self._release.set()  # stalled handlers let go of their connections
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
@@ -135,6 +146,10 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         path, query = unquote(url.path), parse_qs(url.query)
         self.hub.requests.append(LoggedRequest(self.command, path, self.headers.get("Range")))
+        if self.hub.stalled:
+            self.hub._release.wait()
+            self.close_connection = True
+            return
         if path == "/api/agent-harnesses":  # a dict, never a list (the client calls .get on it)
             return self.send_json({"standardEnvVars": [], "harnesses": {}})
         if m := re.fullmatch(rf"/api/models/{REPO}(?:/revision/(?P<rev>[^/]+))?", path):

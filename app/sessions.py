@@ -1,0 +1,141 @@
+"""Per-page state of the running app: the turns each browser session runs (Stop cancels them), the
+messages queued per chat, and the last canvas per chat (so the canvas follows the chat the user opens)."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from flash_dllm.app.live import LiveRun
+
+
+@dataclass
+class Queued:
+    session: str
+    text: str
+    at: float = field(default_factory=time.time)
+
+
+class Turn:
+    """One chat turn (one or two runs). Stop ends the current run between steps and skips the next one."""
+
+    def __init__(self):
+        self.stopped = threading.Event()
+        self.run: LiveRun | None = None
+
+    def attach(self, run: LiveRun) -> None:
+        self.run = run
+        if self.stopped.is_set():
+            run.stop()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        run = self.run
+        if run is not None:
+            run.stop()
+
+
+class Sessions:
+    """Running turns per browser session (Stop cancels them), the chats a turn is decoding, and messages
+    queued per chat (shown while they wait for the engine, so a message sent during a generation is visibly
+    kept). A queued message whose page went away (reload, closed tab) is not dropped: it is handed back by
+    `drop_session` and saved into its chat as an unanswered question once no turn is decoding that chat."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.running: dict[str, set[Turn]] = {}
+        self.pending: dict[str, list[Queued]] = {}
+        self.busy: dict[str, int] = {}  # chat id -> turns decoding it now
+        self.orphans: dict[str, list[str]] = {}  # chat id -> queued texts whose page went away
+
+    def queue(self, chat_id: str, session: str, text: str) -> None:
+        with self._lock:
+            self.pending.setdefault(chat_id, []).append(Queued(session, text))
+
+    def unqueue(self, chat_id: str, session: str | None, text: str) -> bool:
+        with self._lock:
+            items = self.pending.get(chat_id, [])
+            for index, item in enumerate(items):
+                if item.session == session and item.text == text:
+                    del items[index]
+                    return True
+        return False
+
+    def queued(self, chat_id: str) -> list[str]:
+        with self._lock:
+            return [item.text for item in self.pending.get(chat_id, [])] + list(self.orphans.get(chat_id, []))
+
+    def drop_session(self, session: str) -> None:
+        with self._lock:
+            for chat_id, items in self.pending.items():
+                self.orphans.setdefault(chat_id, []).extend(item.text for item in items if item.session == session)
+                items[:] = [item for item in items if item.session != session]
+            self.running.pop(session, None)
+
+    def take_orphans(self, chat_id: str) -> list[str]:
+        """The orphaned queued texts of a chat nobody is decoding now (empty while a turn decodes it)."""
+        with self._lock:
+            if self.busy.get(chat_id):
+                return []
+            return self.orphans.pop(chat_id, [])
+
+    def begin(self, session: str | None, chat_id: str) -> Turn:
+        turn = Turn()
+        with self._lock:
+            self.running.setdefault(session or "", set()).add(turn)
+            self.busy[chat_id] = self.busy.get(chat_id, 0) + 1
+        return turn
+
+    def end(self, session: str | None, turn: Turn, chat_id: str) -> None:
+        with self._lock:
+            self.running.get(session or "", set()).discard(turn)
+            self.busy[chat_id] = max(0, self.busy.get(chat_id, 0) - 1)
+
+    def stop(self, session: str | None) -> int:
+        """Stop every running turn of this session; returns how many there were."""
+        with self._lock:
+            turns = list(self.running.get(session or "", set()))
+        for turn in turns:
+            turn.stop()
+        return len(turns)
+
+
+@dataclass
+class ChatCanvas:
+    """What the canvas column showed after a chat's last turn in one page: its recordings and stats."""
+
+    recordings: list  # Canvas of run A (and B), replayable and exportable
+    stats: list[str]
+
+
+class Recordings:
+    """The last turn's canvas per (page session, chat), so the canvas, stats and exports follow the chat the
+    user opens instead of showing another chat's answer. A few chats per session; dropped with the session."""
+
+    PER_SESSION = 8
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_session: dict[str, dict[str, ChatCanvas]] = {}
+
+    def keep(self, session: str | None, chat_id: str, views: list) -> None:
+        shown = ChatCanvas([v.canvas for v in views], [v.stats_html() for v in views])
+        with self._lock:
+            chats = self._by_session.setdefault(session or "", {})
+            chats.pop(chat_id, None)
+            chats[chat_id] = shown
+            while len(chats) > self.PER_SESSION:
+                chats.pop(next(iter(chats)))
+
+    def get(self, session: str | None, chat_id: str | None) -> ChatCanvas | None:
+        with self._lock:
+            return self._by_session.get(session or "", {}).get(chat_id or "")
+
+    def forget(self, chat_id: str) -> None:
+        with self._lock:
+            for chats in self._by_session.values():
+                chats.pop(chat_id, None)
+
+    def drop_session(self, session: str) -> None:
+        with self._lock:
+            self._by_session.pop(session, None)

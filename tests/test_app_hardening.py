@@ -1,0 +1,221 @@
+"""Issue 20 through the app's API (gradio_client) and its parts: nothing typed is lost, nothing hangs, a shared
+app loads only from its shelf, state that outlives its cause is cleaned up."""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from gradio_client import Client
+
+from flash_dllm.app import handlers
+from flash_dllm.app.chats import ChatStore
+from flash_dllm.app.launch import serve
+from flash_dllm.app.models import LoadOptions, ModelError, ModelHost
+from flash_dllm.app.sessions import Sessions
+from flash_dllm.app.turns import OUTPUTS, AppContext
+from flash_dllm.engine import Engine
+from flash_dllm.engine.tiny import TinySpec, write_tiny_model
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+API_OUTPUTS = [name for name in OUTPUTS if not name.startswith("rec_")]
+SHORT = dict(gen_length=32, block_length=16)
+
+
+def named(outputs) -> dict:
+    return dict(zip(API_OUTPUTS, outputs, strict=True))
+
+
+def value(update):
+    return update.get("value") if isinstance(update, dict) else update
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    folder = write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llada", TinySpec("llada"))
+    chats = tmp_path_factory.mktemp("home") / "chats"
+    ctx = AppContext(ModelHost(Engine.load(str(folder), device="cpu"), LoadOptions(device="cpu"), name=str(folder)),
+                     ChatStore(chats))
+    demo = serve(ctx, port=free_port())
+    try:
+        yield SimpleNamespace(ctx=ctx, url=demo.local_url, folder=folder, chats=chats)
+    finally:
+        demo.close()
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture()
+def client(app):
+    return Client(app.url, verbose=False)
+
+
+def test_regenerate_with_an_unknown_chat_creates_nothing(app, client):
+    before = {c.id for c in app.ctx.store.list()}
+    for chat_id in ("0" * 32, "not-an-id", ""):
+        out = named(client.predict(chat_id=chat_id, **SHORT, api_name="/regenerate"))
+        assert "Nothing to regenerate" in out["status"]
+    assert {c.id for c in app.ctx.store.list()} == before
+
+
+def test_bad_api_values_are_refused_by_name(app, client):
+    before = len(app.ctx.store.list())
+    cases = [(dict(temperature=1e-9), "temperature must be 0 (greedy) or at least"),
+             (dict(seed=1.5), "seed must be a whole number"),
+             (dict(gen_length=48, block_length=32), "multiple of block length")]
+    for knobs, needle in cases:
+        out = named(client.predict(message="hi", **{**SHORT, **knobs}, api_name="/chat"))
+        assert "Setting not accepted" in out["status"] and needle in out["status"], (knobs, out["status"])
+        assert value(out["message"]) == "hi"  # back in the box
+    assert len(app.ctx.store.list()) == before  # no empty chat left behind
+
+
+def test_knob_values_of_any_type_become_named_setting_errors():
+    from flash_dllm.app.presets import build_settings
+    from flash_dllm.engine import SettingsError
+
+    for knobs, needle in ((dict(gen_length="abc"), "gen length must be a number"),
+                          (dict(gen_length=[32]), "gen length must be a number"),
+                          (dict(window=float("inf")), "window must be a finite number"),
+                          (dict(temperature=float("nan")), "temperature must be a finite number"),
+                          (dict(threshold=True), "threshold must be a number"),
+                          (dict(seed=""), None)):
+        if needle is None:
+            build_settings("llada", **knobs)  # an empty seed box means the default seed
+            continue
+        with pytest.raises(SettingsError, match=needle):
+            build_settings("llada", **knobs)
+    with pytest.raises(SettingsError, match="method"):
+        build_settings(["llada"])
+
+
+def test_a_lone_surrogate_is_kept_as_a_replacement_character(app):
+    # a browser can send one (JSON "\\ud800"); gradio_client cannot encode it, so the handler is called as Gradio
+    # would call it (the real page: tests/test_browser_hardening.py)
+    *_, last = handlers.chat(app.ctx, "caf\ud800 ok", None, "", **SHORT)
+    out = dict(zip(OUTPUTS, last))
+    assert "Done." in out["status"]
+    saved = app.ctx.store.get(value(out["chats"]))
+    assert saved.messages[0]["content"] == "caf\ufffd ok"
+
+
+def test_temp_files_are_no_chats_and_stale_ones_are_removed(app, tmp_path):
+    store = ChatStore(tmp_path / "chats")
+    chat = store.create()
+    store.add_message(chat.id, "user", "hello")
+    copy = tmp_path / "chats" / ".tmp-abc123.json"
+    copy.write_text((tmp_path / "chats" / f"{chat.id}.json").read_text())
+    fresh = tmp_path / "chats" / ".tmp-fresh.json"
+    fresh.write_text("{}")
+    os.utime(copy, (time.time() - 3600, time.time() - 3600))
+    assert [c.id for c in store.list()] == [chat.id]
+    ChatStore(tmp_path / "chats")  # a restart
+    assert not copy.exists() and fresh.exists()  # a write in progress (seconds old) is left alone
+
+
+def test_an_unwritable_chats_folder_is_reported_in_one_line_and_the_message_kept(app, client, tmp_path):
+    chats = app.chats
+    moved = chats.with_name("chats-away")
+    chats.rename(moved)
+    chats.write_text("")  # a file where the folder was: nothing can be written there, even by root
+    try:
+        out = named(client.predict(message="will it save?", **SHORT, api_name="/chat"))
+        assert "cannot save chats in" in out["status"] and str(chats) in out["status"]
+        assert "Errno" not in out["status"] and value(out["message"]) == "will it save?"
+    finally:
+        chats.unlink()
+        moved.rename(chats)
+
+
+def test_a_queued_message_outlives_its_page(app):
+    """The page that queued it went away (reload): the message is saved as the chat's next question once the
+    turn decoding that chat ends, and opening the chat says it has no answer yet."""
+    ctx = app.ctx
+    chat = ctx.store.create()
+    ctx.store.add_message(chat.id, "user", "first")
+    turn = ctx.sessions.begin("page-1", chat.id)  # a turn is decoding this chat
+    ctx.sessions.queue(chat.id, "page-1", "second, typed while it decoded")
+    handlers.on_unload(ctx, SimpleNamespace(session_hash="page-1"))
+    assert [m["content"] for m in ctx.store.get(chat.id).messages] == ["first"]  # not before the answer
+    assert ctx.sessions.queued(chat.id) == ["second, typed while it decoded"]  # still shown
+    ctx.store.put_answer(chat.id, "answer one")
+    ctx.sessions.end("page-1", turn, chat.id)
+    handlers.save_orphans(ctx, chat.id)
+    assert [m["content"] for m in ctx.store.get(chat.id).messages] == ["first", "answer one",
+                                                                       "second, typed while it decoded"]
+    _, _, status = handlers.open_chat(ctx, chat.id)
+    assert "no answer yet" in status and "Regenerate" in status
+
+
+def test_sessions_hand_back_orphans_only_when_the_chat_is_idle():
+    sessions = Sessions()
+    turn = sessions.begin("s", "c")
+    sessions.queue("c", "s", "x")
+    sessions.queue("c", "other", "y")
+    sessions.drop_session("s")
+    assert sessions.take_orphans("c") == []  # busy
+    sessions.end("s", turn, "c")
+    assert sessions.take_orphans("c") == ["x"] and sessions.queued("c") == ["y"]
+
+
+def test_a_shared_app_loads_only_from_its_shelf_and_reveals_no_paths(app, tmp_path):
+    host = ModelHost(app.ctx.host.engine, LoadOptions(device="cpu"), name=str(app.folder), shelf_only=True)
+    secret = tmp_path / "private-folder"
+    secret.mkdir()
+    answers = set()
+    for name in (str(secret), str(tmp_path / "missing"), "/etc", str(app.folder / "config.json"), "../..", "~"):
+        with pytest.raises(ModelError) as refused:
+            host.switch(name)
+        answers.add(str(refused.value))
+    assert answers == {"on a shared app only the models listed under Model can be loaded"}
+    with pytest.raises(ModelError, match="repo id"):
+        host.fetch("/etc", download=True)
+    assert host.switch(str(app.folder)) is host.engine  # the loaded model is on the shelf
+
+
+def test_a_stalled_hub_never_holds_up_a_chat(app, client, fake_hub, tiny_dream, monkeypatch):
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "2")
+    fake_hub.add_repo("tiny/stalled", tiny_dream)
+    fake_hub.stall()
+    started = time.monotonic()
+    for api_name, argument in (("/load_model", "tiny/stalled"), ("/download_model", "tiny/stalled")):
+        job = Client(app.url, verbose=False).submit(argument, api_name=api_name)
+        time.sleep(0.5)  # the switch is waiting on the Hub now
+        chat = named(client.predict(message="still there?", **SHORT, api_name="/chat"))
+        assert "Done." in chat["status"] and not job.done()  # the chat did not wait behind the Hub
+        notes = [outputs[0] for outputs in job]
+        assert "did not answer within 2 s" in notes[-1] and "tiny/stalled" in notes[-1], notes[-1]
+    assert time.monotonic() - started < 90
+    assert app.ctx.host.name == str(app.folder)
+
+
+def test_the_canvas_follows_the_chosen_chat(app, client):
+    first = named(client.predict(message="canvas one", **SHORT, api_name="/chat"))
+    first_id = value(first["chats"])
+    second = named(client.predict(message="canvas two", chat_id="", **SHORT, api_name="/chat"))
+    assert value(second["chats"]) != first_id
+    session = client.session_hash
+    shown = handlers.chat_canvas(app.ctx, first_id, SimpleNamespace(session_hash=session))
+    assert shown[0] == first["canvas_a"] and shown[6] is not None  # canvas_a and rec_a of chat one
+    empty = handlers.chat_canvas(app.ctx, "f" * 32, SimpleNamespace(session_hash=session))
+    assert "data-masked" not in empty[0] and empty[6] is None
+    client.predict(first_id, api_name="/delete_chat")
+    gone = handlers.chat_canvas(app.ctx, first_id, SimpleNamespace(session_hash=session))
+    assert gone[6] is None
+
+
+def test_the_canvas_prompt_tail_is_the_users_words(app, client):
+    out = named(client.predict(message="tell me about owls please", **SHORT, api_name="/chat"))
+    tail = out["canvas_a"].split('class="fd-prompt"', 1)[1].split("</span>", 1)[0]
+    assert "owls please" in tail and "start_header_id" not in tail and "eot_id" not in tail

@@ -1,0 +1,178 @@
+"""Issue 20's page items in a real browser (Debian's chromium through Playwright): a message sent while a turn
+decodes is answered and saved, Stop before any token keeps nothing, the canvas follows the chosen chat,
+closing the Chats dropdown changes nothing, a lone surrogate leaves no empty chat, the prompt tail is the
+user's words."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import shutil
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+from flash_dllm.app.chats import ChatStore
+from flash_dllm.app.launch import serve
+from flash_dllm.app.models import LoadOptions, ModelHost
+from flash_dllm.app.turns import AppContext
+from flash_dllm.engine import Engine
+from flash_dllm.engine.tiny import TinySpec, write_tiny_model
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed")]
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+STATUS = "() => (document.querySelector('#status') || {}).textContent || ''"
+FINISHED = f"() => /Done|Stopped|ready for the next|not accepted/.test(({STATUS})())"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class HeldEngine:
+    """The real engine, except that a run waits (before its first step) until Stop or `release`: the test
+    decides when the first token may commit."""
+
+    def __init__(self, engine):
+        self.engine, self.release = engine, threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prompts, settings, on_event=None, cancel=None):
+        while not self.release.is_set() and not (cancel is not None and cancel.is_set()):
+            time.sleep(0.02)
+        return self.engine.generate(prompts, settings, on_event=on_event, cancel=cancel)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    folder = write_tiny_model(tmp_path_factory.mktemp("models") / "tiny", TinySpec("llada"))
+    engine = HeldEngine(Engine.load(str(folder), device="cpu"))
+    ctx = AppContext(ModelHost(engine, LoadOptions(device="cpu"), name=str(folder)),
+                     ChatStore(tmp_path_factory.mktemp("chats")))
+    ctx.host.folder = str(folder)
+    demo = serve(ctx, port=free_port())
+    playwright = sync_api.sync_playwright().start()
+    browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=ARGS)
+    errors: list[str] = []
+    try:
+        yield ctx, demo.local_url, browser, engine, errors
+    finally:
+        browser.close()
+        playwright.stop()
+        demo.close()
+        torch.set_num_threads(threads)
+    assert errors == []
+
+
+@pytest.fixture()
+def page(site):
+    ctx, url, browser, engine, errors = site
+    engine.release.set()
+    tab = browser.new_page(viewport={"width": 1500, "height": 1000})
+    tab.on("pageerror", lambda err: errors.append(str(err)))
+    tab.goto(url, wait_until="domcontentloaded")
+    tab.get_by_role("textbox", name="Message").wait_for(timeout=30_000)
+    tab.get_by_label("llada").check()
+    tab.get_by_text("Raw knobs").click()
+    for label, number in (("gen length", 64), ("block length", 32)):
+        box = tab.get_by_label(f"number input for {label}")
+        box.fill(str(number))
+        box.press("Enter")
+    yield tab
+    tab.close()
+
+
+def send(page, text: str, with_button: bool = False) -> None:
+    page.get_by_role("textbox", name="Message").fill(text)
+    if with_button:
+        page.get_by_role("button", name="Send").click()
+    else:
+        page.get_by_role("textbox", name="Message").press("Enter")
+
+
+def saved_texts(ctx) -> list[list[str]]:
+    return [[m["content"] for m in chat.messages] for chat in ctx.store.list()]
+
+
+@pytest.mark.parametrize("with_button", [False, True])
+def test_a_message_sent_while_decoding_is_answered_and_saved(site, page, with_button):
+    ctx, _, _, engine, _ = site
+    engine.release.clear()  # the first turn waits: the second message is surely sent while it decodes
+    first, second = f"first {with_button}", f"second {with_button}"
+    send(page, first, with_button)
+    page.wait_for_function("() => /queued|Decoding|▍/.test(document.body.innerText)", timeout=30_000)
+    send(page, second, with_button)
+    page.wait_for_function(f"() => document.body.innerText.includes('{second}')", timeout=30_000)
+    engine.release.set()
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(texts[:1] == [first] and len(texts) == 4 for texts in saved_texts(ctx)):
+        time.sleep(0.2)
+    chat = next(texts for texts in saved_texts(ctx) if texts[:1] == [first])
+    assert len(chat) == 4 and chat[2] == second  # both asked and answered, in order
+    page.wait_for_function(FINISHED, timeout=60_000)
+    page.reload()
+    page.get_by_role("textbox", name="Message").wait_for(timeout=30_000)
+    assert any(texts[:1] == [first] and texts[2] == second for texts in saved_texts(ctx) if len(texts) == 4)
+
+
+def test_stop_before_any_token_keeps_nothing_and_gives_the_message_back(site, page):
+    ctx, _, _, engine, _ = site
+    engine.release.clear()
+    send(page, "stop me at once")
+    page.wait_for_function("() => document.body.innerText.includes('stop me at once')", timeout=30_000)
+    page.get_by_role("button", name="Stop").click()
+    page.wait_for_function(FINISHED, timeout=60_000)
+    status = page.evaluate(STATUS)
+    assert "nothing was kept" in status and "partial answer is kept" not in status
+    assert page.get_by_role("textbox", name="Message").input_value() == "stop me at once"
+    assert not any("stop me at once" in texts for texts in saved_texts(ctx))
+
+
+def test_the_canvas_follows_the_chat_and_closing_the_dropdown_changes_nothing(site, page):
+    ctx, _, _, _, _ = site
+    send(page, "tell me about owls please")
+    page.wait_for_function(FINISHED, timeout=60_000)
+    prompt = page.inner_text("#canvas-a .fd-prompt")
+    assert "owls please" in prompt and "<|" not in prompt
+    page.get_by_role("button", name="New chat").click()
+    page.wait_for_function("() => !document.querySelector('#canvas-a .fd-cells')", timeout=30_000)
+    assert "owls" not in page.inner_text("#canvas-a")
+    page.get_by_label("Chats").click()
+    page.get_by_role("option", name="tell me about owls please").click()
+    page.wait_for_function("() => !!document.querySelector('#canvas-a .fd-cells')", timeout=30_000)
+    assert "owls please" in page.inner_text("#canvas-a .fd-prompt")
+    page.get_by_label("Chats").click()  # open the dropdown, then click elsewhere
+    page.mouse.click(900, 30)
+    time.sleep(1.0)
+    assert "no longer exists" not in page.evaluate(STATUS)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Delete").click()
+    page.wait_for_function("() => /Deleted/.test(document.querySelector('#status').textContent)", timeout=30_000)
+    page.wait_for_function("() => !document.querySelector('#canvas-a .fd-cells')", timeout=30_000)
+
+
+def test_a_lone_surrogate_in_the_page_is_kept_and_leaves_no_empty_chat(site, page):
+    ctx, _, _, _, _ = site
+    before = {chat.id for chat in ctx.store.list() if not chat.messages}
+    page.evaluate("""() => {
+        const box = document.querySelector('#message textarea');
+        box.value = 'half ' + String.fromCharCode(0xD800) + ' pair';
+        box.dispatchEvent(new Event('input', {bubbles: true}));
+    }""")
+    page.get_by_role("textbox", name="Message").press("Enter")
+    page.wait_for_function(FINISHED, timeout=60_000)
+    assert any(texts[:1] == ["half \ufffd pair"] for texts in saved_texts(ctx))
+    assert {chat.id for chat in ctx.store.list() if not chat.messages} <= before
