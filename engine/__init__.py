@@ -36,6 +36,9 @@ _EXPORTS = {
     "MASKED": "flash_dllm.engine.events",
     "COMMITTED": "flash_dllm.engine.events",
     "PADDING": "flash_dllm.engine.events",
+    # a request in flight (Engine.submit)
+    "Request": "flash_dllm.engine.requests",
+    "RequestInfo": "flash_dllm.engine.requests",
     # the numbers of a run
     "tokens_per_second": "flash_dllm.engine.metrics",
     "tokens_per_forward": "flash_dllm.engine.metrics",

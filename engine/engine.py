@@ -17,6 +17,7 @@ import torch
 from flash_dllm.engine.events import CanvasStart, SequenceDone
 from flash_dllm.engine.metrics import tokens_per_forward, tokens_per_second
 from flash_dllm.engine.model import DiffusionLM, bind_kernels
+from flash_dllm.engine.requests import Request, RequestInfo, RequestQueue
 from flash_dllm.engine.sequence import SequenceState
 from flash_dllm.engine.settings import (METHODS, GenerationResult, GenerationSettings, SettingsError, check_fits,
                                        validate)
@@ -93,6 +94,7 @@ class Engine:
         self.last_run = None  # the last generate call's loop outcome (steps, graph replays, capture time)
         self._decode = None  # (shape key, DecodeSession) of the last call, reused by the next of that shape
         self._lock = threading.Lock()
+        self._requests = RequestQueue(self)
 
     @classmethod
     def load(cls, model: str | Path, device: str | None = None, dtype=None, kernels: str | None = None,
@@ -173,6 +175,18 @@ class Engine:
         cfg = self.model.config
         return [SequenceState(index, ids, settings.gen_length, cfg.mask_id, cfg.eos_id, self.tokenizer.end_ids)
                 for index, ids in enumerate(self.encode(prompts, settings))]
+
+    def submit(self, prompt, settings: GenerationSettings, on_event: Callable | None = None) -> Request:
+        """Queue one request and return at once (see engine/requests.py). Bad settings or an empty or too long
+        prompt raise here, before anything is queued."""
+        validate(settings)
+        request = Request(prompt, settings, on_event)
+        request.prompt_tokens = len(self.encode([prompt], settings)[0])
+        self._requests.put(request)
+        return request
+
+    def requests_in_flight(self) -> list[RequestInfo]:
+        return self._requests.infos()
 
     def generate(self, prompts: list, settings: GenerationSettings, on_event: Callable | None = None,
                  cancel: threading.Event | None = None) -> list[GenerationResult]:
