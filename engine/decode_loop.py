@@ -47,13 +47,14 @@ class RunOutcome:
 
 class DecodeSession:
     def __init__(self, model: DiffusionLM, ops: KernelOps, method: DeviceMethod, canvas: DeviceCanvas,
-                 verify: VerifySpec | None, sampling: bool, cfg_scale: float = 0.0, graphs: bool = True):
+                 verify: VerifySpec | None, sampling: bool, cfg_scale: float = 0.0, graphs: bool = True,
+                 pool_rows: int | None = None):
         self.model, self.ops, self.method, self.canvas = model, ops, method, canvas
         backend = ops.backend
         self.sampling, self.cfg_scale = sampling, cfg_scale
         shift = model.config.shift_logits
         verify_rows = method.readout + (3 if shift else 2) * verify.cap if verify else 0
-        self.cache = KVCache(model, canvas.n_slots, canvas.slot_len, scratch_per_slot=verify_rows)
+        self.cache = KVCache(model, canvas.n_slots, canvas.slot_len, scratch_per_slot=verify_rows, pool_rows=pool_rows)
         self.packer = Packer(self.cache, canvas, shift)
         self.verifier = Verifier(VerifyLayout(self.packer, method.readout, verify.cap, shift), verify.rule) \
             if verify else None
@@ -62,8 +63,9 @@ class DecodeSession:
         cuda = canvas.answer.device.type == "cuda"
         self.graphs = graphs and cuda and backend == "triton"
         self.stream = torch.cuda.Stream(canvas.answer.device) if cuda else None
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.eager_steady = 0
+        self.graphs_by_layout: dict[Layout, torch.cuda.CUDAGraph] = {}
+        self.eager_runs: dict[Layout, int] = {}
+        self.capture_s = 0.0
         self.status_driven = method.layout_follows_data
         # How many steps ahead of its reads the host runs: 1 on CUDA (the GPU runs step k + 1 while the host
         # turns record k into events); 0 on the CPU, where a step is done when its call returns. Tests raise it
@@ -139,27 +141,37 @@ class DecodeSession:
         budgets = [max(t, 1) if f else self.method.steady_rows for t, f in zip(total, full.tolist())]
         return groups_for(budgets, MAX_ROWS)
 
-    def _launch(self, layouts: list[Layout]) -> bool:
-        """Run one step; True when it was a graph replay."""
-        if not (self.graphs and layouts == [self.steady]):
+    def launch(self, layouts: list[Layout]) -> bool:
+        """Run one step; True when it was a graph replay. A single steady forward (every slot, or a dynamic
+        layout, at the method's budget) is replayed from its graph once it has run eagerly a few times."""
+        layout = layouts[0]
+        steady = len(layouts) == 1 and set(layout.budgets) == {self.method.steady_rows} and (
+            layout == self.steady or layout.dynamic)
+        if not (self.graphs and steady):
             self.step(layouts)
             return False
-        if self.graph is None and self.eager_steady < EAGER_BEFORE_CAPTURE:
-            self.eager_steady += 1
+        if layout not in self.graphs_by_layout and self.eager_runs.get(layout, 0) < EAGER_BEFORE_CAPTURE:
+            self.eager_runs[layout] = self.eager_runs.get(layout, 0) + 1
             self.step(layouts)
             return False
-        if self.graph is None:
+        if layout not in self.graphs_by_layout:
             started = time.perf_counter()
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, stream=self.stream):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=self.stream):
                 self.step(layouts)
-            self.capture_s = time.perf_counter() - started
-        self.graph.replay()
+            self.graphs_by_layout[layout] = graph
+            self.capture_s += time.perf_counter() - started
+        self.graphs_by_layout[layout].replay()
         return True
+
+    def forget_graphs(self) -> None:
+        """Drop the captured steps (after the KV pool moved to new tensors)."""
+        self.graphs_by_layout.clear()
+        self.eager_runs.clear()
 
     def run(self, emit, piece, cancel: threading.Event | None, started: float) -> RunOutcome:
         """Decode the loaded sequences to the end (or until cancelled), emitting StepEvents."""
-        self.capture_s = 0.0
+        self.capture_s = 0.0  # of this call (a reused session's graphs are already captured)
         context = torch.cuda.stream(self.stream) if self.stream is not None else _nullcontext()
         with context:
             return self._run(emit, piece, cancel, started)
@@ -176,7 +188,7 @@ class DecodeSession:
                 canvas.active.zero_()  # queued behind the steps in flight: they finish, later ones do nothing
                 stopping = True
             host_started = time.perf_counter()
-            replays += self._launch(self._layouts(full))
+            replays += self.launch(self._layouts(full))
             records.copy_out(k)
             pending.append(k)
             keep = 0 if self.status_driven else self.lag

@@ -88,6 +88,31 @@ class DeviceCanvas:
         self.gamma.fill_(gamma)
         self.temperature.fill_(temperature)
 
+    def load_slot(self, slot: int, prompt: list[int], gen_length: int, seed: int, threshold: float, gamma: float,
+                  temperature: float) -> None:
+        """Start one sequence in `slot` while the others keep their state (continuous batching); in place."""
+        L, width = self.slot_len, self.width
+        if len(prompt) + gen_length > L or gen_length > width:
+            raise ValueError(f"a sequence of {len(prompt)} + {gen_length} tokens does not fit a slot of {L}")
+        tokens = torch.full((L + 1,), self.eos_id, dtype=torch.int64)
+        tokens[: len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
+        tokens[len(prompt): len(prompt) + gen_length] = self.mask_id
+        answer = torch.full((width,), self.eos_id, dtype=torch.int64)
+        answer[:gen_length] = -1
+        self.tokens[slot].copy_(tokens)
+        self.answer[slot].copy_(answer)
+        for buffer, value in ((self.prompt_len, len(prompt)), (self.gen_len, gen_length), (self.end, gen_length),
+                              (self.seed, seed & 0xFFFFFFFF), (self.threshold, threshold), (self.gamma, gamma),
+                              (self.temperature, temperature), (self.steps, 0), (self.forward_passes, 0),
+                              (self.verify_passes, 0), (self.accepted, 0), (self.rejected, 0), (self.active, True)):
+            buffer[slot] = value
+        self.confidence[slot].zero_()
+        self.newly_rank[slot].fill_(NOT_NEW)
+
+    def retire(self, slot: int) -> None:
+        """Stop decoding `slot` (cancelled): later steps leave it alone."""
+        self.active[slot] = False
+
     @property
     def n_slots(self) -> int:
         return self.answer.shape[0]

@@ -71,6 +71,9 @@ class DeviceMethod:
     def reset(self, canvas: DeviceCanvas) -> None:
         """Forget the previous call's per-sequence state (after canvas.load)."""
 
+    def reset_slot(self, canvas: DeviceCanvas, slot: int) -> None:
+        """Forget one slot's state (after canvas.load_slot)."""
+
     def full_next(self, canvas: DeviceCanvas) -> torch.Tensor:
         return torch.zeros_like(canvas.active)
 
@@ -97,6 +100,9 @@ class FlashCache(DeviceMethod):
 
     def reset(self, canvas: DeviceCanvas) -> None:
         self.attended.fill_(-1)
+
+    def reset_slot(self, canvas: DeviceCanvas, slot: int) -> None:
+        self.attended[slot] = -1
 
     def plan(self, canvas: DeviceCanvas) -> QueryPlan:
         L, p0 = canvas.slot_len, canvas.prompt_len[:, None]
@@ -161,22 +167,29 @@ class BlockSchedule(DeviceMethod):
 
     def reset(self, canvas: DeviceCanvas) -> None:
         self.block.zero_()
-        self._advance(canvas, first=True)
+        self._advance(canvas, restart=torch.ones_like(canvas.active))
+
+    def reset_slot(self, canvas: DeviceCanvas, slot: int) -> None:
+        restart = torch.zeros_like(canvas.active)
+        restart[slot] = True
+        self.block[slot] = 0
+        self._advance(canvas, restart=restart)
 
     def block_cells(self, canvas: DeviceCanvas) -> torch.Tensor:
         start = self.block[:, None] * self.block_length
         in_block = (canvas.cells() >= start) & (canvas.cells() < start + self.block_length)
         return first_cells(canvas.masked() & in_block, self.block_length)
 
-    def _advance(self, canvas: DeviceCanvas, first: bool = False) -> None:
+    def _advance(self, canvas: DeviceCanvas, restart: torch.Tensor | None = None) -> None:
+        """Move each slot to its first block with a masked cell; a slot that moves (or restarts) begins it."""
         per_block = canvas.masked()[:, : self.n_blocks * self.block_length].reshape(
             canvas.n_slots, self.n_blocks, self.block_length)
         has_mask = per_block.any(-1)
         blocks = torch.arange(self.n_blocks, device=has_mask.device)[None, :]
         nxt = torch.where(has_mask & (blocks >= self.block[:, None]), blocks, self.n_blocks).amin(1)
         moved = (nxt != self.block) & (nxt < self.n_blocks)
-        if first:
-            moved = torch.ones_like(moved)
+        if restart is not None:
+            moved = moved | restart
         self.block.copy_(torch.where(moved & (nxt < self.n_blocks), nxt, self.block))
         self.step_in_block.masked_fill_(moved, 0)
         count = per_block.sum(-1).gather(1, self.block.clamp(max=self.n_blocks - 1)[:, None])[:, 0]

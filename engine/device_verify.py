@@ -106,11 +106,11 @@ class VerifyLayout:
         keys_ok = torch.cat([tracked_ok, cand_ok, cand_ok] + ([torch.zeros_like(cand_ok)] if self.shift else []), 1)
         inq_mask = (self.chain[None] & keys_ok[:, None, :]).reshape(S * self.rows, self.rows)
         hidden = torch.cat([tracked_ok, cand_ok], 1)
-        hide = torch.where(hidden, self.slots[:, None] * L + p0 + torch.cat([batch.tracked, batch.cells], 1),
+        hide = torch.where(hidden, cache.row_base[:, None] + p0 + torch.cat([batch.tracked, batch.cells], 1),
                            cache.trash_row)
         cache.keep.index_fill_(0, hide.reshape(-1), 0)
         full = torch.full((S,), self.rows, dtype=torch.int64, device=cells.device)
-        attention = attention_plan(lt, full, self.slots * L, canvas.total_len(), L, kv_keep=cache.keep,
+        attention = attention_plan(lt, full, cache.row_base, canvas.total_len(), L, kv_keep=cache.keep,
                                    inq_start=cache.scratch_base + self.slots * cache.scratch_per_slot,
                                    inq_mask=inq_mask)
         step = CachedStep(token_ids=tokens.reshape(-1), positions=positions.reshape(-1),

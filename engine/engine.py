@@ -17,7 +17,8 @@ import torch
 from flash_dllm.engine.events import CanvasStart, SequenceDone
 from flash_dllm.engine.metrics import tokens_per_forward, tokens_per_second
 from flash_dllm.engine.model import DiffusionLM, bind_kernels
-from flash_dllm.engine.requests import Request, RequestInfo, RequestQueue
+from flash_dllm.engine.requests import Request, RequestInfo
+from flash_dllm.engine.scheduler import Scheduler
 from flash_dllm.engine.sequence import SequenceState
 from flash_dllm.engine.settings import (METHODS, GenerationResult, GenerationSettings, SettingsError, check_fits,
                                        validate)
@@ -94,7 +95,7 @@ class Engine:
         self.last_run = None  # the last generate call's loop outcome (steps, graph replays, capture time)
         self._decode = None  # (shape key, DecodeSession) of the last call, reused by the next of that shape
         self._lock = threading.Lock()
-        self._requests = RequestQueue(self)
+        self._requests = Scheduler(self)  # continuous batching of submit()ted requests
 
     @classmethod
     def load(cls, model: str | Path, device: str | None = None, dtype=None, kernels: str | None = None,
@@ -181,7 +182,8 @@ class Engine:
         prompt raise here, before anything is queued."""
         validate(settings)
         request = Request(prompt, settings, on_event)
-        request.prompt_tokens = len(self.encode([prompt], settings)[0])
+        request.ids = self.encode([prompt], settings)[0]
+        request.prompt_tokens = len(request.ids)
         self._requests.put(request)
         return request
 
@@ -242,6 +244,7 @@ class Engine:
         if self._decode is not None and self._decode[0] == key:
             return self._decode[1]
         self._drop_session()
+        self._requests.drop()  # the scheduler is idle while generate() holds the lock: free its KV pool
         cfg = self.model.config
         method = METHODS[settings.method]
         canvas = DeviceCanvas.allocate(len(encoded), slot_len, settings.gen_length, cfg.mask_id, cfg.eos_id,
@@ -256,6 +259,13 @@ class Engine:
         """Free the last call's decode state (KV cache, captured graph); the next call builds it again."""
         with self._lock:
             self._drop_session()
+
+    def _cancelled_result(self, request: Request) -> GenerationResult:
+        """The answer of a request cancelled before it started."""
+        return GenerationResult(text="", token_ids=[], forward_passes=0, steps=0, elapsed_s=0.0, tokens_per_s=0.0,
+                                method=request.settings.method, model=self.name, finish_reason="cancelled",
+                                kernels=self.kernels, prompt_tokens=request.prompt_tokens,
+                                settings=request.settings.to_dict())
 
     def _drop_session(self) -> None:
         self._decode = None

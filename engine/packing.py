@@ -1,8 +1,8 @@
 """The KV cache of a decode call, and the packing of a step's queries into one ragged forward.
 
-Cache layout (per layer, token-major): row = slot * slot_len + position, K stored after RoPE. Behind the slots
-sit each slot's scratch rows (Flash-Verify's verify pass writes its own K/V there, never into the cache proper)
-and one trash row that padding query rows write to.
+Cache layout (per layer, token-major, K stored after RoPE): each slot's scratch rows (Flash-Verify's verify pass
+writes its own K/V there, never into the cache proper), one trash row that padding query rows write to, then the
+pool of the slots' positions (KVCache.row_base).
 
 A forward covers some slots; slot i of it owns packed query rows [offset_i, offset_i + budget_i) (its *layout*,
 known on the host). What the rows hold is decided on the device: a QueryPlan marks the positions each slot
@@ -24,23 +24,43 @@ ATTENTION_BLOCK_M = 64  # query rows per attention tile
 
 
 class KVCache:
-    def __init__(self, model: DiffusionLM, n_slots: int, slot_len: int, scratch_per_slot: int = 0):
+    """Per layer [rows, Hkv*Dh] K and V. Rows: each slot's scratch rows, one trash row, then the pool that holds
+    the slots' positions: slot s's position p lives in row row_base[s] + p. A fixed batch gives slot s the range
+    s * slot_len; the scheduler hands out ranges as sequences come and go (and grows the pool)."""
+
+    def __init__(self, model: DiffusionLM, n_slots: int, slot_len: int, scratch_per_slot: int = 0,
+                 pool_rows: int | None = None):
         cfg = model.config
         self.n_slots, self.slot_len = n_slots, slot_len
-        self.scratch_base = n_slots * slot_len
-        self.scratch_per_slot = scratch_per_slot
-        self.trash_row = self.scratch_base + n_slots * scratch_per_slot
-        rows = self.trash_row + 1
-        width = cfg.n_kv_heads * cfg.head_dim
-        shape = (cfg.n_layers, rows, width)
-        self.k = torch.zeros(shape, dtype=model.dtype, device=model.device)
-        self.v = torch.zeros(shape, dtype=model.dtype, device=model.device)
-        self.scores = torch.zeros(rows, dtype=torch.float32, device=model.device)
-        self.keep = torch.ones(rows, dtype=torch.int8, device=model.device)
+        self.scratch_base, self.scratch_per_slot = 0, scratch_per_slot
+        self.trash_row = n_slots * scratch_per_slot
+        self.pool_start = self.trash_row + 1
+        self.width, self.n_layers, self.dtype, self.device = cfg.n_kv_heads * cfg.head_dim, cfg.n_layers, model.dtype, model.device
+        self.row_base = self.pool_start + torch.arange(n_slots, device=model.device) * slot_len
+        self._allocate(self.pool_start + (n_slots * slot_len if pool_rows is None else pool_rows))
+
+    def _allocate(self, rows: int) -> None:
+        shape = (self.n_layers, rows, self.width)
+        self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.scores = torch.zeros(rows, dtype=torch.float32, device=self.device)
+        self.keep = torch.ones(rows, dtype=torch.int8, device=self.device)
+
+    @property
+    def pool_rows(self) -> int:
+        return self.k.shape[1] - self.pool_start
+
+    def grow(self, pool_rows: int) -> None:
+        """A larger pool with the old rows copied over (new tensors: captured graphs must be captured again)."""
+        old_k, old_v, rows = self.k, self.v, self.k.shape[1]
+        self._allocate(self.pool_start + pool_rows)
+        self.k[:, :rows].copy_(old_k)
+        self.v[:, :rows].copy_(old_v)
 
     def slot_scores(self) -> torch.Tensor:
-        """[S, L] attention mass per slot position (a view of `scores`)."""
-        return self.scores[: self.scratch_base].view(self.n_slots, self.slot_len)
+        """[S, L] attention mass of each slot's positions."""
+        rows = self.row_base[:, None] + torch.arange(self.slot_len, device=self.scores.device)[None, :]
+        return self.scores[rows.clamp(max=self.scores.shape[0] - 1)]
 
 
 @dataclass
@@ -54,10 +74,13 @@ class QueryPlan:
 
 @dataclass(frozen=True)
 class Layout:
-    """Host-side geometry of one forward: which slots, and each one's packed query rows."""
+    """Host-side geometry of one forward: which slots, and each one's packed query rows. A dynamic layout
+    has placeholder slots: which slots fill its places is rewritten in place before each use
+    (Packer.assign), so one captured graph serves any set of that many slots."""
 
     slots: tuple[int, ...]
     budgets: tuple[int, ...]
+    dynamic: bool = False
 
     @property
     def offsets(self) -> list[int]:
@@ -72,21 +95,22 @@ class Layout:
         return sum(self.budgets)
 
     @classmethod
-    def uniform(cls, n_slots: int, budget: int) -> "Layout":
-        return cls(tuple(range(n_slots)), (budget,) * n_slots)
+    def uniform(cls, n_slots: int, budget: int, dynamic: bool = False) -> "Layout":
+        return cls(tuple(range(n_slots)), (budget,) * n_slots, dynamic)
 
 
-def groups_for(budgets: list[int], max_rows: int) -> list[Layout]:
-    """Cut slots into forwards of at most max_rows packed rows (a slot larger than that gets its own)."""
-    groups, slots, sizes = [], [], []
-    for slot, budget in enumerate(budgets):
-        if slots and sum(sizes) + budget > max_rows:
-            groups.append(Layout(tuple(slots), tuple(sizes)))
-            slots, sizes = [], []
-        slots.append(slot)
+def groups_for(budgets: list[int], max_rows: int, slots: list[int] | None = None) -> list[Layout]:
+    """Cut slots (default 0..n-1) into forwards of at most max_rows packed rows (a larger slot gets its own)."""
+    slots = list(range(len(budgets))) if slots is None else slots
+    groups, members, sizes = [], [], []
+    for slot, budget in zip(slots, budgets):
+        if members and sum(sizes) + budget > max_rows:
+            groups.append(Layout(tuple(members), tuple(sizes)))
+            members, sizes = [], []
+        members.append(slot)
         sizes.append(budget)
-    if slots:
-        groups.append(Layout(tuple(slots), tuple(sizes)))
+    if members:
+        groups.append(Layout(tuple(members), tuple(sizes)))
     return groups
 
 
@@ -115,7 +139,7 @@ def layout_tensors(layout: Layout, n_slots: int, device) -> LayoutTensors:
         offsets=torch.tensor(layout.offsets, device=device)[:, None],
         budgets=torch.tensor(layout.budgets, device=device)[:, None],
         q_start=torch.tensor(layout.offsets, **i32), tile_seq=torch.tensor(tile_seq, **i32),
-        tile_q0=torch.tensor(tile_q0, **i32), all_slots=layout.slots == tuple(range(n_slots)))
+        tile_q0=torch.tensor(tile_q0, **i32), all_slots=not layout.dynamic and layout.slots == tuple(range(n_slots)))
 
 
 def attention_plan(lt: LayoutTensors, q_len: torch.Tensor, kv_start: torch.Tensor, kv_len: torch.Tensor,
@@ -148,6 +172,10 @@ class Packer:
         self.cache, self.canvas, self.shift = cache, canvas, shift
         self._layouts: dict[Layout, LayoutTensors] = {}
 
+    def assign(self, layout: Layout, slots: list[int]) -> None:
+        """Fill a dynamic layout's places with these slots (in place, ordered on the stream before the step)."""
+        self.tensors(layout).index.copy_(torch.tensor(slots, dtype=torch.int64), non_blocking=False)
+
     def tensors(self, layout: Layout) -> LayoutTensors:
         if layout not in self._layouts:
             self._layouts[layout] = layout_tensors(layout, self.canvas.n_slots, self.canvas.answer.device)
@@ -171,7 +199,8 @@ class Packer:
             tokens = torch.where(position < prompt_len[:, None], canvas.mask_id, tokens)
         token_ids = _scatter_flat(n_rows, canvas.mask_id, target, tokens, torch.int64)
         positions = _scatter_flat(n_rows, 0, target, position, torch.int64)
-        write_rows = _scatter_flat(n_rows, cache.trash_row, target, lt.index[:, None] * L + position, torch.int64)
+        base = pick(cache.row_base)
+        write_rows = _scatter_flat(n_rows, cache.trash_row, target, base[:, None] + position, torch.int64)
         score_query = None
         if plan.scored is not None:
             score_query = _scatter_flat(n_rows, False, target, pick(plan.scored), torch.bool)
@@ -179,7 +208,7 @@ class Packer:
         read_pos = (prompt_len[:, None] + cells - (1 if self.shift else 0)).clamp(0, L - 1)
         readable = (cells >= 0) & in_query.gather(1, read_pos)  # a retired slot's cells are in no query
         hidden_rows = torch.where(readable, row_of.gather(1, read_pos), lt.offsets).reshape(-1)
-        attention = attention_plan(lt, in_query.sum(1), lt.index * L, pick(canvas.total_len()), L,
+        attention = attention_plan(lt, in_query.sum(1), base, pick(canvas.total_len()), L,
                                    score_query=score_query)
         return CachedStep(token_ids=token_ids, positions=positions, write_rows=write_rows, plan=attention,
                           hidden_rows=hidden_rows)

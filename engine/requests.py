@@ -9,7 +9,6 @@ then has finish_reason "cancelled".
 from __future__ import annotations
 
 import itertools
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ class Request:
     id: int = field(default_factory=lambda: next(_ids))
     status: str = "waiting"
     waiting_for: str | None = "the running batch"
+    ids: list[int] = field(default_factory=list)  # the prompt's token ids (set by Engine.submit)
     prompt_tokens: int = 0
     generated_tokens: int = 0
     submitted_s: float = field(default_factory=time.monotonic)
@@ -81,38 +81,3 @@ class Request:
         return RequestInfo(self.id, self.status, self.waiting_for, self.prompt_tokens,
                            getattr(self.settings, "gen_length", 0), self.generated_tokens, self.submitted_s)
 
-
-class RequestQueue:
-    """The requests of one engine, served in arrival order by one worker thread, one at a time."""
-
-    def __init__(self, engine):
-        self.engine = engine
-        self.pending: queue.Queue = queue.Queue()
-        self.live: list[Request] = []
-        self._lock = threading.Lock()
-        self._worker: threading.Thread | None = None
-
-    def put(self, request: Request) -> None:
-        with self._lock:
-            self.live.append(request)
-            if self._worker is None or not self._worker.is_alive():
-                self._worker = threading.Thread(target=self._serve, name="flash-dllm-requests", daemon=True)
-                self._worker.start()
-        self.pending.put(request)
-
-    def infos(self) -> list[RequestInfo]:
-        with self._lock:
-            return [r.info() for r in self.live if not r.done]
-
-    def _serve(self) -> None:
-        while True:
-            request = self.pending.get()
-            request.status, request.waiting_for = "running", None
-            try:
-                result = self.engine.generate([request.prompt], request.settings, on_event=request.emit,
-                                              cancel=request.cancel_event)[0]
-                request.finish(result)
-            except Exception as err:  # noqa: BLE001 - the caller sees it through result()
-                request.finish(error=err)
-            with self._lock:
-                self.live = [r for r in self.live if not r.done]
