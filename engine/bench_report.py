@@ -15,7 +15,8 @@ COLUMNS = ["method", "batch", "ms_per_iter_min", "ms_per_iter_median", "ms_per_i
 def write_outputs(folder: Path, rows: list[dict], env: dict, settings: dict) -> None:
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with open(folder / "decode.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS + ["device", "torch", "triton", "date"], extrasaction="ignore")
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS + ["device", "torch", "triton", "date"],
+                                extrasaction="ignore")
         writer.writeheader()
         for row in rows:
             writer.writerow({**row, "device": env.get("device_name"), "torch": env.get("torch"),

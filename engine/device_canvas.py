@@ -55,9 +55,11 @@ class DeviceCanvas:
         return cls(
             tokens=ints(n_slots, slot_len + 1, fill=eos_id), answer=ints(n_slots, width, fill=eos_id),
             confidence=torch.zeros((n_slots, width), dtype=torch.float64, device=device),
-            prompt_len=ints(n_slots), gen_len=ints(n_slots), end=ints(n_slots), newly_rank=ints(n_slots, width, fill=NOT_NEW),
+            prompt_len=ints(n_slots), gen_len=ints(n_slots), end=ints(n_slots),
+            newly_rank=ints(n_slots, width, fill=NOT_NEW),
             seed=ints(n_slots), steps=ints(n_slots), forward_passes=ints(n_slots), verify_passes=ints(n_slots),
-            accepted=ints(n_slots), rejected=ints(n_slots), active=torch.zeros(n_slots, dtype=torch.bool, device=device),
+            accepted=ints(n_slots), rejected=ints(n_slots),
+            active=torch.zeros(n_slots, dtype=torch.bool, device=device),
             threshold=floats(n_slots), gamma=floats(n_slots), temperature=floats(n_slots),
             end_ids=torch.tensor(sorted(end_ids), dtype=torch.int64, device=device), mask_id=mask_id, eos_id=eos_id)
 

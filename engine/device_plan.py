@@ -57,7 +57,8 @@ def top_k_select(cells: torch.Tensor, confidences: torch.Tensor, quota: torch.Te
     valid = cells >= 0
     key = torch.where(valid, -confidences, float("inf"))
     order = torch.sort(key, dim=1, stable=True).indices
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    positions = torch.arange(order.shape[1], device=order.device).expand_as(order)
+    rank = torch.empty_like(order).scatter_(1, order, positions)
     return valid & (rank < quota[:, None])
 
 
@@ -221,7 +222,8 @@ class FastDllm(BlockSchedule):
         p0, total = canvas.prompt_len[:, None], canvas.total_len()[:, None]
         start = self.block[:, None] * self.block_length
         first = p0 + start - (1 if self.shift else 0)
-        last = torch.minimum(p0 + start + self.block_length, p0 + canvas.gen_len[:, None]) if self.mode == "dual" else total
+        block_end = torch.minimum(p0 + start + self.block_length, p0 + canvas.gen_len[:, None])
+        last = block_end if self.mode == "dual" else total
         block = (position >= first) & (position < last)
         everything = position < total
         in_query = torch.where((self.step_in_block == 0)[:, None], everything, block)

@@ -35,7 +35,8 @@ class KVCache:
         self.scratch_base, self.scratch_per_slot = 0, scratch_per_slot
         self.trash_row = n_slots * scratch_per_slot
         self.pool_start = self.trash_row + 1
-        self.width, self.n_layers, self.dtype, self.device = cfg.n_kv_heads * cfg.head_dim, cfg.n_layers, model.dtype, model.device
+        self.width, self.n_layers = cfg.n_kv_heads * cfg.head_dim, cfg.n_layers
+        self.dtype, self.device = model.dtype, model.device
         self.row_base = self.pool_start + torch.arange(n_slots, device=model.device) * slot_len
         self._allocate(self.pool_start + (n_slots * slot_len if pool_rows is None else pool_rows))
 

@@ -48,7 +48,8 @@ class HostRecord:
         zero = torch.zeros(S, dtype=torch.int64)
         return cls(answer=canvas.answer.cpu().clone(), confidence=canvas.confidence.cpu().clone(),
                    cells=torch.full((S, readout), -1, dtype=torch.int64), verify_cells=none, verify_drafts=none,
-                   accepted=zero, accepted_total=zero, rejected_total=zero, end=canvas.end.cpu().clone(), gen_len=canvas.gen_len.cpu().clone(), steps=zero,
+                   accepted=zero, accepted_total=zero, rejected_total=zero, end=canvas.end.cpu().clone(),
+                   gen_len=canvas.gen_len.cpu().clone(), steps=zero,
                    forward_passes=zero, verify_passes=zero, was_active=torch.zeros(S, dtype=torch.bool),
                    active=canvas.active.cpu().clone(), full_next=torch.ones(S, dtype=torch.bool))
 
@@ -59,7 +60,8 @@ class StepRecords:
     def __init__(self, canvas: DeviceCanvas, readout: int, cap: int):
         S, G, C = canvas.n_slots, canvas.width, max(cap, 1)
         self.shapes = {"answer": (S, G), "cells": (S, readout), "verify_cells": (S, C), "verify_drafts": (S, C),
-                       "accepted": (S,), "accepted_total": (S,), "rejected_total": (S,), "end": (S,), "gen_len": (S,), "steps": (S,), "forward_passes": (S,),
+                       "accepted": (S,), "accepted_total": (S,), "rejected_total": (S,), "end": (S,), "gen_len": (S,),
+                       "steps": (S,), "forward_passes": (S,),
                        "verify_passes": (S,), "was_active": (S,), "active": (S,), "full_next": (S,)}
         sizes = {name: int(torch.Size(shape).numel()) for name, shape in self.shapes.items()}
         self.offsets, total = {}, 0

@@ -42,7 +42,7 @@ def resolve_backend(requested: str | None, device: torch.device | str) -> str:
     """Pick the kernel path: default Triton on CUDA and the torch reference on CPU.
 
     An explicit "triton" on CPU is honoured only under TRITON_INTERPRET=1 (tests); otherwise it is an error
-    with a message that says why, because silently falling back would make `--kernels triton` lie.
+    with a message that says why, because silently falling back would make an explicit choice lie.
     """
     device = torch.device(device)
     if requested in (None, "", "auto"):
@@ -51,9 +51,10 @@ def resolve_backend(requested: str | None, device: torch.device | str) -> str:
         raise ValueError(f"unknown kernel path {requested!r}; choose one of: {', '.join(BACKENDS)}")
     if requested == "triton":
         if not triton_available():
-            raise ValueError("--kernels triton: the triton package is not installed")
+            raise ValueError("kernel backend 'triton': the triton package is not installed")
         if device.type != "cuda" and not interpreting():
-            raise ValueError("--kernels triton needs a CUDA device (or TRITON_INTERPRET=1 for the CPU interpreter)")
+            raise ValueError("kernel backend 'triton' needs a CUDA device "
+                             "(or TRITON_INTERPRET=1 for the CPU interpreter)")
     return requested
 
 
