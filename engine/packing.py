@@ -172,10 +172,14 @@ class Packer:
     def __init__(self, cache: KVCache, canvas: DeviceCanvas, shift: bool):
         self.cache, self.canvas, self.shift = cache, canvas, shift
         self._layouts: dict[Layout, LayoutTensors] = {}
+        self._assigned: dict[Layout, list[int]] = {}
 
     def assign(self, layout: Layout, slots: list[int]) -> None:
-        """Fill a dynamic layout's places with these slots (in place, ordered on the stream before the step)."""
-        self.tensors(layout).index.copy_(torch.tensor(slots, dtype=torch.int64), non_blocking=False)
+        """Fill a dynamic layout's places with these slots (in place, ordered on the stream before the step).
+        The copy waits for the steps in flight, so it is made only when the set of slots changed."""
+        if self._assigned.get(layout) != slots:
+            self.tensors(layout).index.copy_(torch.tensor(slots, dtype=torch.int64))
+            self._assigned[layout] = list(slots)
 
     def tensors(self, layout: Layout) -> LayoutTensors:
         if layout not in self._layouts:
