@@ -105,6 +105,10 @@ def run_decode(args) -> int:
     rows = aggregate(per_process)
     env = per_process[0]["env"]
     write_outputs(out, rows, env, vars(args))
+    print(f"\nsettings: {args.model or args.geometry or 'llada-8b'}, prompt {args.prompt_length} tokens, answer "
+          f"{args.gen_length}, methods {args.methods}, batch sizes {args.batch_sizes}, {args.iterations} timed "
+          f"iterations per process after warm-up, {args.repeats} processes, kernels {args.kernels or 'default'}, "
+          f"graphs {'off' if args.no_graphs else 'on'}")
     print_table(rows, env)
     print(f"\nwrote {out / 'decode.csv'}, {out / 'decode.json'}, {out / 'decode.png'}")
     return 0
