@@ -161,3 +161,75 @@ def test_api_keys_given_from_the_environment_or_generated_when_shared():
     assert generated and len(key) >= 24 and key != api_key_for(None, shared=True, environ={})[0]
     with pytest.raises(ValueError, match="empty"):
         api_key_for("  ", shared=False, environ={})
+
+
+# ---------------------------------------------------------------------------- the answer loop, on scripted events
+class ScriptedCall:
+    """An EngineCall stand-in: scripted StepEvents, then a done request with ``final_text``."""
+
+    def __init__(self, steps: list[tuple[list[int], int | None]], tokens: list[int], final_text: str):
+        from flash_dllm.engine import GenerationResult, StepEvent
+
+        self.pending = [StepEvent(seq=0, step=i, committed=cells, tokens=[tokens[c] for c in cells],
+                                  padding_from=end) for i, (cells, end) in enumerate(steps)]
+        self.closed = False
+        result = GenerationResult(text=final_text, token_ids=tokens, forward_passes=len(steps), steps=len(steps),
+                                  elapsed_s=0.1, tokens_per_s=1.0, method="flash-cache", model="m",
+                                  finish_reason="length", prompt_tokens=3)
+        self.request = type("Done", (), {"prompt_tokens": 3, "done": False})()
+        self.final = result
+
+        class Events:
+            def empty(inner):
+                return not self.pending
+        self.events = Events()
+
+    async def next_event(self, timeout):
+        if not self.pending:
+            self.request.done = True
+            return None
+        return self.pending.pop(0)
+
+    def close(self):
+        self.closed = True
+
+    def result(self):
+        return self.final
+
+
+def run_answer(call, stops=(), gen_length=5) -> list:
+    import asyncio
+
+    from flash_dllm.app.api import answer
+    from flash_dllm.app.openai_request import ChatRequest
+
+    chat = ChatRequest("m", USER, GenerationSettings(gen_length=gen_length, block_length=gen_length), list(stops))
+    letters = lambda ids: "".join(chr(ord("a") + t) for t in ids)  # noqa: E731
+
+    async def collect():
+        return [item async for item in answer(call, chat, letters, 0.01)]
+    return asyncio.run(collect())
+
+
+def test_the_answer_loop_sends_the_committed_prefix_only_in_order():
+    from flash_dllm.app.api import Outcome
+
+    call = ScriptedCall([([2], None), ([0], None), ([1, 4], None), ([3], None)], [0, 1, 2, 3, 4], "abcde")
+    items = [item for item in run_answer(call) if item != ""]
+    assert items[:-1] == ["a", "bc", "de"] and not call.closed
+    assert items[-1] == Outcome("length", 3, 5, items[-1].engine)
+
+
+def test_the_answer_loop_stops_at_a_stop_string_and_cancels_the_request():
+    call = ScriptedCall([([0, 1], None), ([2], None), ([3], None), ([4], None)], [0, 1, 2, 3, 4], "abcde")
+    items = [item for item in run_answer(call, stops=["cd"]) if item != ""]
+    assert items[:-1] == ["ab"] and items[-1].finish_reason == "stop" and call.closed
+    assert call.pending  # the rest of the answer was never waited for
+
+
+def test_the_answer_loop_ends_at_the_end_token():
+    # the end token lands on cell 2 in step 1: cells 3-4 (committed in step 0) are padding, never text
+    call = ScriptedCall([([3, 4], None), ([0, 2], 3), ([1], None)], [0, 1, 7, 3, 4], "ab")
+    call.final.finish_reason, call.final.token_ids = "eos", [0, 1]
+    items = [item for item in run_answer(call) if item != ""]
+    assert items[:-1] == ["a", "b"] and items[-1].finish_reason == "stop" and items[-1].completion_tokens == 2
