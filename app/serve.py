@@ -103,14 +103,14 @@ def run(args: argparse.Namespace) -> int:
     app = api_only_app(host, ApiConfig(key=key, max_in_flight=args.max_in_flight), AccessPolicy.for_address(args.host))
     info = engine.describe()
     shown_host = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"Serving {display_name(name)} ({info['device']}, {info['dtype']}, kernels: {info['kernels']}) at "
-          f"http://{shown_host}:{args.port}/v1  (POST /v1/chat/completions, GET /v1/models; Ctrl-C stops it)",
-          flush=True)
     if generated:
         print(f"API key (generated, since others can reach this address; choose one with --api-key): {key}",
               flush=True)
     elif key:
         print("API key required: Authorization: Bearer <the key given>", flush=True)
+    print(f"Serving {display_name(name)} ({info['device']}, {info['dtype']}, kernels: {info['kernels']}) at "
+          f"http://{shown_host}:{args.port}/v1  (POST /v1/chat/completions, GET /v1/models; Ctrl-C stops it)",
+          flush=True)
     return serve_forever(app, sock)
 
 
