@@ -71,8 +71,8 @@ class EngineCall:
             self.request = lease.engine.submit(chat.messages, chat.settings, on_event=self._on_event)
         except SettingsError as err:  # settings were validated already: what is left is the context check
             raise invalid(str(err), "messages", "context_length_exceeded") from None
-        except PromptError as err:
-            raise invalid(str(err), "messages") from None
+        except (PromptError, ValueError) as err:  # a conversation the tokenizer cannot take
+            raise invalid(one_line(err), "messages") from None
         except EngineError as err:  # the engine cannot take the request now
             raise ApiError(503, one_line(err), "server_error", None, "engine_overloaded", {"Retry-After": "1"}) from None
 
