@@ -1,5 +1,5 @@
-"""`flash-dllm-chat`: the chat UI (no subcommand) and the `generate`, `pull`, `models`, `train-tiny`, `bench`
-commands.
+"""`flash-dllm-chat`: the chat UI (no subcommand) and the `generate`, `serve`, `pull`, `models`, `train-tiny`,
+`bench` commands.
 
 Heavy imports (torch, gradio) happen inside the command that needs them, so `generate` never loads gradio and
 `--help` stays quick. A user's mistake (bad setting, missing model, offline, out of memory) ends with one
@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-SUBCOMMANDS = ("generate", "pull", "models", "train-tiny", "bench")
+SUBCOMMANDS = ("generate", "serve", "pull", "models", "train-tiny", "bench")
 EXIT_USAGE = 2
 NO_GRAPHS_HELP = "run each decode step eagerly instead of replaying it as a CUDA graph"
 
@@ -87,6 +87,10 @@ def build_parser() -> Parser:
                                 "Without a command it starts the chat UI.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_generate_arguments(commands.add_parser("generate", help="answer a prompt (or a batch) in the terminal"))
+    from flash_dllm.app.serve import add_serve_arguments
+
+    add_serve_arguments(commands.add_parser("serve", help="serve the OpenAI-compatible API only (no page), for "
+                                                          "scripts: /v1/chat/completions, /v1/models"))
     pull = commands.add_parser("pull", help="download a model into the Hugging Face cache")
     pull.add_argument("repo", help="Hugging Face repo id, e.g. GSAI-ML/LLaDA-8B-Instruct")
     models = commands.add_parser("models", help="list downloaded and bundled models")
@@ -338,6 +342,10 @@ def dispatch(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.command == "generate":
         return run_generate(args)
+    if args.command == "serve":
+        from flash_dllm.app import serve
+
+        return serve.run(args)
     if args.command == "pull":
         return run_pull(args)
     if args.command == "models":

@@ -28,6 +28,7 @@ LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
 LOGIN_FAILURES = 5
 LOGIN_WINDOW_S = 60.0
 LOGIN_PATHS = ("/login", "/login/")
+API_PREFIX = "/v1/"  # the OpenAI-compatible API (app/api.py)
 
 
 def split_host(value: str) -> tuple[str, int | None]:
@@ -164,7 +165,12 @@ async def refuse(scope, receive, send, status: int, message: str, extra_headers=
         await receive()  # the connect message
         await send({"type": "websocket.close", "code": 1008})
         return
-    body = json.dumps({"detail": message}).encode()
+    if scope.get("path", "").startswith(API_PREFIX):  # API clients read OpenAI's error shape
+        code = {421: "host_not_allowed", 403: "origin_not_allowed"}.get(status)
+        body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                     "code": code}}).encode()
+    else:
+        body = json.dumps({"detail": message}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             *extra_headers]})

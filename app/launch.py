@@ -3,6 +3,9 @@
 A share link (``--share``) is public: anyone who has it can use this machine's GPU, read and delete the
 chats, and download models, so it is only made when asked, the console and the page say so, and
 ``--auth`` protects it. Without network the app still starts and says the link could not be made.
+
+The OpenAI-compatible API (app/api.py) is mounted at /v1 on the same port, behind the same guard. The page's
+login does not cover it; ``--api-key`` does, and a shared app always has a key (app/api_keys.py).
 """
 from __future__ import annotations
 
@@ -39,6 +42,9 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                        help="ask Gradio for a temporary public link (anyone with it can use this machine)")
     group.add_argument("--auth", default=None, metavar="USER:PASSWORD|FILE",
                        help="require a login: user:password, or a file with one user:password per line")
+    group.add_argument("--api-key", default=None, metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' on the API at /v1 (default: $FLASH_DLLM_API_KEY; "
+                            "a shared app always requires one, generated and printed when not given)")
     return parser
 
 
@@ -117,19 +123,25 @@ def is_loopback(host: str) -> bool:
 
 def serve(ctx, host: str = "127.0.0.1", port: int | None = None, share: bool = False,
           auth: list[tuple[str, str]] | None = None, inbrowser: bool = False, quiet: bool = True,
-          policy: AccessPolicy | None = None):
-    """Build the page for ``ctx`` and start serving it (returns at once; `demo.close()` stops it). Every
-    request passes `GuardMiddleware` (Host, Origin, login rate); the share link's host is allowed once the
-    tunnel is up."""
+          policy: AccessPolicy | None = None, api=None):
+    """Build the page for ``ctx`` and start serving it, with the API (an `ApiConfig`; default: no key) at /v1
+    (returns at once; `demo.close()` stops it). Every request passes `GuardMiddleware` (Host, Origin, login
+    rate); the share link's host is allowed once the tunnel is up. A shared app without an API key is refused."""
     from starlette.middleware import Middleware
+    from starlette.routing import Mount
 
+    from flash_dllm.app.api import ApiConfig, build_api
     from flash_dllm.app.ui import build_ui, page_css
 
+    api = api or ApiConfig()
+    if share and not api.key:
+        raise LaunchError("a shared app needs an API key (see api_keys.api_key_for)")
     policy = policy or AccessPolicy.for_address(host)
     demo = build_ui(ctx)
     demo.launch(server_name=host, server_port=port, share=share, auth=auth, inbrowser=inbrowser,
                 prevent_thread_lock=True, quiet=quiet, css=page_css(), show_error=True,
-                app_kwargs={"middleware": [Middleware(GuardMiddleware, policy=policy)]},
+                app_kwargs={"middleware": [Middleware(GuardMiddleware, policy=policy)],
+                            "routes": [Mount("/v1", app=build_api(ctx.host, api))]},
                 auth_message="flash-dllm-chat: this app is password-protected." if auth else None)
     policy.add_host(getattr(demo, "share_url", None))
     demo.access_policy = policy
@@ -148,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     from flash_dllm.app import paths
+    from flash_dllm.app.api import ApiConfig
+    from flash_dllm.app.api_keys import ApiKeyError, api_key_for
     from flash_dllm.app.chats import ChatStore
     from flash_dllm.app.cli import error_line
     from flash_dllm.app.models import LoadOptions, ModelHost, startup_model
@@ -163,7 +177,9 @@ def run(args: argparse.Namespace) -> int:
         check_host(args.host)
         pick_device(args.device)
         paths.check_writable(chats_folder)
-    except (LaunchError, SettingsError, OSError) as err:
+        api_key, generated_key = api_key_for(getattr(args, "api_key", None),
+                                             shared=args.share or not is_loopback(args.host))
+    except (LaunchError, SettingsError, ApiKeyError, OSError) as err:
         print(f"flash-dllm-chat: {error_line(err)}", file=sys.stderr)
         return 2
     name, why = startup_model(args.model)
@@ -190,12 +206,17 @@ def run(args: argparse.Namespace) -> int:
               + ("." if auth else "; add --auth user:password to require a login."), flush=True)
     if args.share:
         print(f"Asking Gradio for a public share link. {SHARE_WARNING}", flush=True)
-    demo = serve(ctx, args.host, args.port, share=args.share, auth=auth, inbrowser=not args.no_browser, quiet=True)
+    demo = serve(ctx, args.host, args.port, share=args.share, auth=auth, inbrowser=not args.no_browser, quiet=True,
+                 api=ApiConfig(key=api_key))
     if args.share:
         ctx.share_note = share_note(getattr(demo, "share_url", None), bool(auth))
         print(ctx.share_note, flush=True)
     print(f"flash-dllm-chat is running at {demo.local_url}" + (" (login required)" if auth else "")
           + "  (Ctrl-C stops it; chats are saved in " + str(chats_folder) + ")", flush=True)
+    api_urls = [url.rstrip("/") + "/v1" for url in (demo.local_url, getattr(demo, "share_url", None)) if url]
+    print("OpenAI-compatible API at " + " and ".join(api_urls)
+          + (f"; API key (generated, since others can reach the app; choose one with --api-key): {api_key}"
+             if generated_key else "; API key required" if api_key else ""), flush=True)
     shutdown.watch_interrupts(20.0)  # from Ctrl-C on, the app has 20 s to end, whatever hangs
     code = 0
     try:

@@ -8,6 +8,10 @@ Hub delays only the switch that asked, never anyone's chat.
 On a shared app (a share link, or listening beyond this machine) `ModelHost.shelf_only` limits loads to the
 models the page lists (bundled and cached ones) and downloads to Hugging Face repo ids: a visitor can name no
 server path, and no error tells them which paths exist.
+
+API requests (app/api.py) do not take `gpu`: they hold a `Lease` on the engine for as long as they decode, and
+a switch waits for every lease to end (new ones are refused meanwhile), so a model is never unloaded under a
+request nor two models kept in memory by one.
 """
 from __future__ import annotations
 
@@ -26,6 +30,25 @@ from flash_dllm.engine import Engine, hub, pick_device
 
 class ModelError(RuntimeError):
     """A model that cannot be loaded here; the message is one line with the numbers."""
+
+
+class ModelBusy(RuntimeError):
+    """No engine to lend now: none is loaded, or the loaded one is being switched."""
+
+
+@dataclass
+class Lease:
+    """An API request's hold on the loaded engine; `release` (idempotent) lets a waiting switch go on."""
+
+    engine: Engine
+    name: str
+    _host: "ModelHost"
+    _released: bool = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._host._end_lease()
 
 
 @dataclass
@@ -62,6 +85,38 @@ class ModelHost:
         self.shelf_only = shelf_only
         self.folder = str(engine.folder) if engine is not None else None  # where the loaded model was read from
         self.gpu = threading.Lock()
+        self._leases = 0
+        self._switching = False
+        self._leases_changed = threading.Condition()
+        self.request_labels: dict[int, str] = {}  # engine request id -> who asked ("API", "page"), for the page
+
+    # ------------------------------------------------------------------ lending the engine to API requests
+    def lease(self) -> Lease:
+        """The loaded engine for one request; ModelBusy while none is loaded or a switch is under way."""
+        with self._leases_changed:
+            if self._switching:
+                raise ModelBusy(f"the model is being switched (from {display_name(self.name)}); try again shortly")
+            if self.engine is None:
+                raise ModelBusy("no model is loaded")
+            self._leases += 1
+            return Lease(self.engine, self.name, self)
+
+    def _end_lease(self) -> None:
+        with self._leases_changed:
+            self._leases -= 1
+            self._leases_changed.notify_all()
+
+    def _wait_for_leases(self) -> None:
+        """Refuse new leases and wait until the lent ones end (the requests they serve finish)."""
+        with self._leases_changed:
+            self._switching = True
+            self._leases_changed.wait_for(lambda: self._leases == 0)
+
+    def label(self, request_id: int, who: str) -> None:
+        """Remember who asked for an engine request; labels of requests no longer in flight are dropped."""
+        live = {info.id for info in self.engine.requests_in_flight()} if self.engine is not None else set()
+        self.request_labels = {k: v for k, v in self.request_labels.items() if k in live}
+        self.request_labels[request_id] = who
 
     # ------------------------------------------------------------------ what there is
     def describe(self) -> dict:
@@ -141,26 +196,35 @@ class ModelHost:
         size = hub.remote_weight_bytes(str(folder))  # a local folder: no network
         device = self.target_device()
         with self.gpu:
-            previous = (self.folder, self.name) if self.folder else None
-            ok, message = hub.fit_check(size, device, self.options.dtype)
-            if not ok and self.engine is not None:
-                self._unload()  # the current model's memory counts as free for the new one
-                ok, message = hub.fit_check(size, device, self.options.dtype)
-            if not ok:
-                if self.engine is None and previous:
-                    self._load_locked(*previous)
-                raise ModelError(f"{name} {message}")
-            self._unload()
+            self._wait_for_leases()
             try:
-                return self._load_locked(str(folder), name)
-            except Exception as err:
-                reason = f"{type(err).__name__}: {err}" if not isinstance(err, (hub.HubError, ValueError)) else str(err)
-                if previous:
-                    try:
-                        self._load_locked(*previous)
-                    except Exception as again:  # pragma: no cover - the previous model loaded before
-                        reason += f"; reloading {previous[1]} failed too: {again}"
-                raise ModelError(f"could not load {name}: {' '.join(reason.split())}") from None
+                return self._switch_locked(folder, name, size, device)
+            finally:
+                with self._leases_changed:
+                    self._switching = False
+
+    def _switch_locked(self, folder: Path, name: str, size: int, device) -> Engine:
+        """Unload the current model and load ``folder`` (under `gpu`, with no lease out)."""
+        previous = (self.folder, self.name) if self.folder else None
+        ok, message = hub.fit_check(size, device, self.options.dtype)
+        if not ok and self.engine is not None:
+            self._unload()  # the current model's memory counts as free for the new one
+            ok, message = hub.fit_check(size, device, self.options.dtype)
+        if not ok:
+            if self.engine is None and previous:
+                self._load_locked(*previous)
+            raise ModelError(f"{name} {message}")
+        self._unload()
+        try:
+            return self._load_locked(str(folder), name)
+        except Exception as err:
+            reason = f"{type(err).__name__}: {err}" if not isinstance(err, (hub.HubError, ValueError)) else str(err)
+            if previous:
+                try:
+                    self._load_locked(*previous)
+                except Exception as again:  # pragma: no cover - the previous model loaded before
+                    reason += f"; reloading {previous[1]} failed too: {again}"
+            raise ModelError(f"could not load {name}: {' '.join(reason.split())}") from None
 
     def _load_locked(self, folder: str, name: str) -> Engine:
         """Load from a local folder (never a download: this runs under `gpu`)."""

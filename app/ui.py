@@ -17,6 +17,7 @@ import gradio as gr
 
 from flash_dllm.app import handlers as h
 from flash_dllm.app.canvas import empty_canvas_html
+from flash_dllm.app.inflight import inflight_html
 from flash_dllm.app.presets import DEFAULT_PRESET, KNOB_RANGES, KNOBS, PRESETS
 from flash_dllm.app.turns import OUTPUTS, AppContext, chat_choices, note
 from flash_dllm.engine import METHODS
@@ -115,6 +116,7 @@ def canvas_column(ctx: AppContext, page: SimpleNamespace) -> None:
             page.html_btn = gr.Button("Export HTML", size="sm")
         page.canvas_files = gr.File(label="Denoising export", file_count="multiple", interactive=False,
                                     visible=False)
+        page.inflight = gr.HTML(inflight_html(ctx), elem_id="inflight")
 
 
 # ---------------------------------------------------------------------------- wiring
@@ -186,6 +188,10 @@ def wire_settings(ctx: AppContext, page: SimpleNamespace) -> None:
                      api_visibility="private")
     page.timer.tick(bind(h.engine_info, ctx), None, page.system_info, api_name="engine_info",
                     api_visibility="private", concurrency_limit=None, concurrency_id="instant", show_progress="hidden")
+    # every engine request (this page's, other pages', the API's), as the engine reports them
+    page.inflight_timer.tick(bind(inflight_html, ctx), None, page.inflight, api_name="requests_in_flight",
+                             api_visibility="private", concurrency_limit=None, concurrency_id="instant",
+                             show_progress="hidden")
 
 
 def build_ui(ctx: AppContext) -> gr.Blocks:
@@ -197,6 +203,7 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
             chat_column(page)
             canvas_column(ctx, page)
         page.timer = gr.Timer(5.0)
+        page.inflight_timer = gr.Timer(1.0)
         wire_turns(ctx, page)
         wire_canvas(ctx, page)
         wire_chats(ctx, page)

@@ -315,3 +315,40 @@ def test_cached_methods_through_the_cli(family_folder, tmp_path, method, capsys)
     single = ["generate", "--model", str(folder), "--prompt", "hello", *flags, "--json"]
     code, out, err = run(single, capsys)
     assert code == 0 and json.loads(out)["token_ids"] == results[1]["token_ids"]  # batch == single run
+
+
+# ---- serve (issue 21): the flags are checked before any model loads --------------------------------------------
+@pytest.mark.parametrize("flags, needle", [
+    (["--api-key", ""], "--api-key is empty"),
+    (["--max-in-flight", "0"], "--max-in-flight 0"),
+    (["--port", "70000"], "--port 70000"),
+    (["--host", "no.such.host.invalid"], "--host no.such.host.invalid"),
+    (["--device", "tpu"], "device 'tpu'"),
+])
+def test_serve_refuses_bad_flags_in_one_line(flags, needle, capsys, monkeypatch):
+    from flash_dllm.engine import Engine
+
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **kw: pytest.fail("loaded a model")))
+    code, out, err = run(["serve", *flags], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err, err
+
+
+def test_serve_refuses_a_port_in_use(capsys, monkeypatch):
+    import socket
+
+    from flash_dllm.engine import Engine
+
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **kw: pytest.fail("loaded a model")))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code, out, err = run(["serve", "--port", str(port)], capsys)
+    assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err, err
+
+
+def test_help_lists_serve_and_its_flags(capsys):
+    assert "serve" in run(["--help"], capsys)[1]
+    out = run(["serve", "--help"], capsys)[1]
+    for flag in ("--model", "--host", "--port", "--device", "--dtype", "--kernels", "--no-graphs", "--api-key"):
+        assert flag in out, flag

@@ -1,0 +1,340 @@
+"""`POST /v1/chat/completions` and `GET /v1/models`, OpenAI-compatible, in front of the engine's requests.
+
+`build_api(host, config)` is a Starlette app: app/launch.py mounts it at /v1 beside the page, app/serve.py
+serves it alone (`flash-dllm-chat serve`). Each completion is one `Engine.submit` request; its events come from
+the engine's thread onto an asyncio queue (the callback only schedules a put) and app/openai_stream.py turns
+them into text. The API never assumes how the engine schedules requests (one at a time or batched).
+
+- One model per process: a request must name the loaded model (its id in /v1/models, or the name it was
+  loaded by); another name gets 404 model_not_found naming the loaded one.
+- Every error is OpenAI-shaped (`ApiError`): 400 for the request, 401 for the key, 404/405 for routes and
+  models, 413 for a body over `ApiConfig.max_body_bytes`, 503 when `max_in_flight` requests are already in
+  flight or no model is loaded (a switch is under way), 500 with one line when the engine fails.
+- A client that goes away cancels its engine request: a stream when its connection closes (the response's
+  own close, `CancellingStream`), a plain request when the wait notices the disconnect.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from flash_dllm.app.api_keys import BearerKey
+from flash_dllm.app.models import Lease, ModelBusy, ModelHost, display_name
+from flash_dllm.app.openai_request import ApiError, ChatRequest, invalid, parse_chat_request
+from flash_dllm.app.openai_stream import (KEEP_ALIVE, CommittedPrefix, CompletionMeta, TextStream, chunk,
+                                          completion, sse, usage)
+from flash_dllm.engine import EngineError, GenerationSettings, PromptError, SettingsError, StepEvent
+
+
+@dataclass
+class ApiConfig:
+    key: str | None = None  # when set, every /v1 route wants "Authorization: Bearer <key>"
+    max_in_flight: int = 64  # API requests decoding or waiting at once; one more gets 503
+    max_body_bytes: int = 4 << 20
+    poll_s: float = 0.05  # how long a request's wait sleeps between looks at its engine request
+    keep_alive_s: float = 10.0  # an SSE comment after this long without text (a closed connection then shows)
+    defaults: GenerationSettings = field(default_factory=GenerationSettings)
+
+
+def one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+@dataclass
+class Outcome:
+    """How a completion ended: the finish reason, the token counts and the engine's numbers."""
+
+    finish_reason: str  # "stop" (end token or stop string) | "length" (the answer filled max_tokens)
+    prompt_tokens: int
+    completion_tokens: int
+    engine: dict
+
+
+class EngineCall:
+    """One engine request seen from the event loop: its events land on an asyncio queue."""
+
+    def __init__(self, lease: Lease, chat: ChatRequest, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        try:
+            self.request = lease.engine.submit(chat.messages, chat.settings, on_event=self._on_event)
+        except SettingsError as err:  # settings were validated already: what is left is the context check
+            raise invalid(str(err), "messages", "context_length_exceeded") from None
+        except (PromptError, ValueError) as err:  # a conversation the tokenizer cannot take
+            raise invalid(one_line(err), "messages") from None
+        except EngineError as err:  # the engine cannot take the request now
+            raise ApiError(503, one_line(err), "server_error", None, "engine_overloaded", {"Retry-After": "1"}) from None
+
+    def _on_event(self, event) -> None:
+        """On the engine's thread: schedule the put and return at once."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop is closed (the server stops): the request is cancelled with it
+            pass
+
+    async def next_event(self, timeout: float):
+        try:
+            return await asyncio.wait_for(self.events.get(), timeout)
+        except asyncio.TimeoutError:
+            return None
+
+    def close(self) -> None:
+        if not self.request.done:
+            self.request.cancel()
+
+    def result(self):
+        """The finished request's GenerationResult, or ApiError with what went wrong."""
+        try:
+            result = self.request.result(0)
+        except (SettingsError, PromptError) as err:
+            raise invalid(str(err), "messages") from None
+        except EngineError as err:
+            raise ApiError(500, one_line(err), "server_error", None, "engine_error") from None
+        except Exception as err:  # noqa: BLE001 - a bug in the engine: one line to the client, never a traceback
+            raise ApiError(500, f"{type(err).__name__}: {one_line(err)}", "server_error", None, "engine_error") from None
+        if result.finish_reason == "cancelled":
+            raise ApiError(503, "the server cancelled this request before it finished; try again", "server_error",
+                           None, "cancelled")
+        return result
+
+
+def engine_numbers(result) -> dict:
+    return {"method": result.method, "steps": result.steps, "forward_passes": result.forward_passes,
+            "tokens_per_forward": result.tokens_per_forward, "tokens_per_s": result.tokens_per_s,
+            "elapsed_s": result.elapsed_s, "kernels": result.kernels}
+
+
+async def answer(call: EngineCall, chat: ChatRequest, decode, poll_s: float) -> AsyncIterator:
+    """The answer's new text as it commits (str; "" when nothing happened for ``poll_s``), then its Outcome.
+    A stop string cancels the engine request at once: the text before it is final."""
+    prefix = CommittedPrefix(chat.settings.gen_length)
+    text = TextStream(chat.stop)
+    while not call.request.done or not call.events.empty():
+        event = await call.next_event(poll_s)
+        if event is None:
+            yield ""
+            continue
+        if not isinstance(event, StepEvent) or event.seq != 0:
+            continue
+        if prefix.apply(event.committed, event.tokens, event.padding_from):
+            delta = text.update(decode(prefix.token_ids()))
+            if delta:
+                yield delta
+            if text.stopped:
+                call.close()
+                yield Outcome("stop", call.request.prompt_tokens, prefix.length, {"method": chat.settings.method})
+                return
+    result = call.result()
+    delta = text.update(result.text, final=True)
+    if delta:
+        yield delta
+    reason = "stop" if text.stopped or result.finish_reason == "eos" else "length"
+    yield Outcome(reason, result.prompt_tokens or call.request.prompt_tokens, len(result.token_ids),
+                  engine_numbers(result))
+
+
+class CancellingStream(StreamingResponse):
+    """A streaming response that runs ``on_close`` however it ends (finished, client gone, server stopping)."""
+
+    def __init__(self, content, on_close):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+async def read_json(request: Request, limit: int):
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise ApiError(413, f"the request body is {int(length)} bytes; the limit is {limit}", code="body_too_large")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise ApiError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise invalid(f"the request body is not valid JSON ({one_line(err)})", None, "invalid_json") from None
+
+
+class ChatApi:
+    """The routes, the loaded model's names, and the count of API requests in flight."""
+
+    def __init__(self, host: ModelHost, config: ApiConfig):
+        self.host = host
+        self.config = config
+        self.created = int(time.time())
+        self._in_flight = 0
+        self._count_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ the loaded model
+    def model_object(self, engine, name: str) -> dict:
+        info = engine.describe()
+        return {"id": display_name(name), "object": "model", "created": self.created, "owned_by": "flash-dllm-chat",
+                "family": info.get("family"), "max_context": info.get("max_context"), "device": info.get("device")}
+
+    def names(self, name: str) -> set[str]:
+        return {display_name(name), name}
+
+    async def models(self, request: Request) -> Response:
+        engine, name = self.host.engine, self.host.name
+        data = [self.model_object(engine, name)] if engine is not None and name else []
+        return JSONResponse({"object": "list", "data": data})
+
+    async def model(self, request: Request) -> Response:
+        engine, name, asked = self.host.engine, self.host.name, request.path_params["model"]
+        if engine is None or asked not in self.names(name or ""):
+            raise self.not_this_model(asked, name)
+        return JSONResponse(self.model_object(engine, name))
+
+    def not_this_model(self, asked: str, loaded: str | None) -> ApiError:
+        here = f"this server runs one model, '{display_name(loaded)}'" if loaded else "no model is loaded"
+        return ApiError(404, f"The model '{asked}' does not exist here: {here} (GET /v1/models lists it).",
+                        "invalid_request_error", "model", "model_not_found")
+
+    def lease_for(self, model: str) -> Lease:
+        try:
+            lease = self.host.lease()
+        except ModelBusy as err:
+            raise ApiError(503, str(err), "server_error", None, "model_unavailable", {"Retry-After": "5"}) from None
+        if model not in self.names(lease.name):
+            lease.release()
+            raise self.not_this_model(model, lease.name)
+        return lease
+
+    # ------------------------------------------------------------------ completions
+    def _admit(self) -> None:
+        with self._count_lock:
+            if self._in_flight >= self.config.max_in_flight:
+                raise ApiError(503, f"the server has {self._in_flight} API requests in flight, its limit; try again "
+                                    "shortly", "server_error", None, "engine_overloaded", {"Retry-After": "1"})
+            self._in_flight += 1
+
+    def _leave(self) -> None:
+        with self._count_lock:
+            self._in_flight -= 1
+
+    async def chat_completions(self, request: Request) -> Response:
+        chat = parse_chat_request(await read_json(request, self.config.max_body_bytes), self.config.defaults)
+        self._admit()
+        lease = call = None
+        try:
+            lease = self.lease_for(chat.model)
+            call = EngineCall(lease, chat, asyncio.get_running_loop())
+            self.host.label(call.request.id, "API")
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            self._leave()
+            raise
+        meta = CompletionMeta(model=display_name(lease.name))
+        decode = lease.engine.tokenizer.decode
+        finished = threading.Event()
+
+        def close() -> None:
+            if not finished.is_set():
+                finished.set()
+                call.close()
+                lease.release()
+                self._leave()
+
+        if chat.stream:
+            return CancellingStream(self.stream(call, chat, meta, decode), close)
+        try:
+            return await self.complete(call, chat, meta, decode, request)
+        finally:
+            close()
+
+    async def complete(self, call, chat, meta, decode, request: Request) -> Response:
+        parts, outcome, checked = [], None, time.monotonic()
+        async for item in answer(call, chat, decode, self.config.poll_s):
+            if isinstance(item, Outcome):
+                outcome = item
+            elif item:
+                parts.append(item)
+            if time.monotonic() - checked > 0.5:  # a client that went away stops its request
+                checked = time.monotonic()
+                if await request.is_disconnected():
+                    call.close()
+                    return Response(status_code=499)
+        return JSONResponse(completion(meta, "".join(parts), outcome.finish_reason,
+                                       usage(outcome.prompt_tokens, outcome.completion_tokens), outcome.engine))
+
+    async def stream(self, call, chat, meta, decode) -> AsyncIterator[bytes]:
+        yield sse(chunk(meta, {"role": "assistant", "content": ""}))
+        sent, outcome = time.monotonic(), None
+        try:
+            async for item in answer(call, chat, decode, self.config.poll_s):
+                if isinstance(item, Outcome):
+                    outcome = item
+                elif item:
+                    yield sse(chunk(meta, {"content": item}))
+                    sent = time.monotonic()
+                elif time.monotonic() - sent > self.config.keep_alive_s:
+                    yield KEEP_ALIVE
+                    sent = time.monotonic()
+        except ApiError as err:  # after the 200 is sent an error can only travel in the stream
+            yield sse(err.body())
+            return
+        counts = usage(outcome.prompt_tokens, outcome.completion_tokens)
+        # usage rides on the finishing chunk unless the client asked for OpenAI's separate usage chunk
+        yield sse(chunk(meta, {}, outcome.finish_reason, None if chat.include_usage else counts))
+        if chat.include_usage:
+            yield sse(chunk(meta, None, usage_=counts))
+        yield sse("[DONE]")
+
+
+# ---------------------------------------------------------------------------- errors and the app
+async def api_error(request: Request, err: ApiError) -> Response:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+async def route_error(request: Request, err: HTTPException) -> Response:
+    if err.status_code == 405:
+        message, code = f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
+    elif err.status_code == 404:
+        message = (f"unknown route {request.method} {request.url.path}; this server answers "
+                   "POST /v1/chat/completions and GET /v1/models")
+        code = "unknown_url"
+    else:
+        message, code = str(err.detail), None
+    return JSONResponse(ApiError(err.status_code, message, code=code).body(), status_code=err.status_code,
+                        headers=getattr(err, "headers", None))
+
+
+async def server_error(request: Request, err: Exception) -> Response:
+    body = ApiError(500, f"internal error: {type(err).__name__}: {one_line(err)}", "server_error").body()
+    return JSONResponse(body, status_code=500)
+
+
+ERROR_HANDLERS = {ApiError: api_error, HTTPException: route_error, Exception: server_error}
+
+
+def build_api(host: ModelHost, config: ApiConfig | None = None) -> Starlette:
+    """The /v1 routes as an app of their own (mount it at /v1)."""
+    api = ChatApi(host, config or ApiConfig())
+    routes = [Route("/models", api.models, methods=["GET"]),
+              Route("/models/{model:path}", api.model, methods=["GET"]),
+              Route("/chat/completions", api.chat_completions, methods=["POST"])]
+    app = Starlette(routes=routes, exception_handlers=ERROR_HANDLERS,
+                    middleware=[Middleware(BearerKey, key=api.config.key)])
+    app.state.chat_api = api
+    return app
+

@@ -1,0 +1,235 @@
+"""An OpenAI chat-completions request body, checked and turned into what the engine takes.
+
+`parse_chat_request(body, defaults)` returns a `ChatRequest` (the messages as {"role", "content"} text, the
+`GenerationSettings`, the stop strings and how to answer) or raises `ApiError` with the status, the OpenAI error
+``type``/``code`` and the ``param`` at fault. The engine's `validate` stays the judge of which values are legal;
+this module only says which request field a refused setting came from.
+
+Decisions a client should know (README, "OpenAI-compatible API"):
+- ``max_tokens`` (or ``max_completion_tokens``) is the answer length exactly: the diffusion canvas has that many
+  cells. When ``block_length`` is not given it is chosen to divide ``max_tokens`` (`block_length_for`); an
+  explicit ``block_length`` that does not divide it is refused with the lengths that would work.
+- ``temperature`` defaults to 0 (greedy), the engine's default, not OpenAI's 1; with a temperature and no
+  ``seed`` a random seed is drawn, so repeated sampled requests differ as they do with OpenAI.
+- OpenAI fields the engine cannot honour are refused when set to anything but their neutral value (``n`` 1,
+  ``top_p`` 1, penalties 0, no tools, no logprobs); unknown fields are refused by name (a misspelt engine knob
+  would otherwise be ignored silently).
+"""
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass, field
+
+from flash_dllm.engine import GenerationSettings, SettingsError, validate
+
+MAX_STOP_STRINGS = 4  # as OpenAI
+# The engine's own knobs, accepted as extra body fields, with the JSON type each must have.
+ENGINE_FIELDS = {"method": str, "threshold": float, "gamma": float, "block_length": int, "window": int,
+                 "lookahead": int, "track": int, "steps": int, "max_candidates": int, "cfg_scale": float,
+                 "acceptance": str, "cache_mode": str}
+# OpenAI fields the engine has no use for, accepted only at their neutral values (None is always neutral).
+NEUTRAL_VALUES = {"n": (1,), "top_p": (1, 1.0), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+                  "logit_bias": ({},), "logprobs": (False,), "top_logprobs": (0,), "tools": ([],),
+                  "tool_choice": ("none",), "functions": ([],), "response_format": ({"type": "text"},)}
+IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier",
+                  "prompt_cache_key", "reasoning_effort")
+OPENAI_FIELDS = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop",
+                 "stream", "stream_options")
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI does: ``{"error": {"message", "type", "param", "code"}}`` with a status."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiError:
+    return ApiError(400, message, "invalid_request_error", param, code)
+
+
+@dataclass
+class ChatRequest:
+    model: str
+    messages: list[dict]
+    settings: GenerationSettings
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+
+
+def block_length_for(max_tokens: int, preferred: int) -> int:
+    """The block length used when the request names none: ``preferred`` when it divides ``max_tokens``, else the
+    largest divisor of ``max_tokens`` below it, unless that is under a quarter of ``preferred`` (blocks that short
+    decode nearly left to right), in which case the whole answer is one block."""
+    if max_tokens % preferred == 0:
+        return preferred
+    divisor = max(d for d in range(1, min(preferred, max_tokens) + 1) if max_tokens % d == 0)
+    return divisor if divisor * 4 >= preferred else max_tokens
+
+
+def neighbours(max_tokens: int, block_length: int) -> str:
+    below = max_tokens // block_length * block_length
+    above = below + block_length
+    return f"{below} or {above}" if below else f"{above}"
+
+
+def typed(name: str, value, kind: type):
+    """``value`` if it has the JSON type ``kind`` wants (an int is a float; a bool is neither)."""
+    if kind is str:
+        ok = isinstance(value, str)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok:
+        wanted = {str: "a string", int: "an integer", float: "a finite number"}[kind]
+        raise invalid(f"{name} must be {wanted} (got {str(value)[:40]!r})", name)
+    return value
+
+
+def utf8(text: str, where: str) -> str:
+    """``text`` if it is valid Unicode: JSON can carry lone surrogates ("\\ud800"), which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid(f"{where} holds a lone surrogate (invalid Unicode)", where) from None
+    return text
+
+
+def text_of(content, index: int) -> str:
+    """A message's content: a string, or a list of text parts joined by newlines."""
+    where = f"messages[{index}].content"
+    if isinstance(content, str):
+        return utf8(content, where)
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise invalid(f"{where}: only text parts are supported (got {kind!r})", where)
+            texts.append(utf8(part["text"], where))
+        return "\n".join(texts)
+    raise invalid(f"{where} must be a string or a list of text parts", where)
+
+
+def parse_messages(messages) -> list[dict]:
+    if messages is None:
+        raise invalid("messages is required", "messages", "missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise invalid(f"messages[{index}] must be an object with role and content", f"messages[{index}]")
+        role = message.get("role")
+        if role not in ROLES:
+            raise invalid(f"messages[{index}].role {str(role)[:40]!r} is not supported; use system, developer, "
+                          "user or assistant (tool calls are not supported)", f"messages[{index}].role")
+        if "content" not in message or message["content"] is None:
+            raise invalid(f"messages[{index}].content is required (tool calls are not supported)",
+                          f"messages[{index}].content", "missing_required_parameter")
+        out.append({"role": ROLES[role], "content": text_of(message["content"], index)})
+    return out
+
+
+def parse_stop(stop) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise invalid("stop must be a string or a list of strings", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise invalid(f"stop takes at most {MAX_STOP_STRINGS} strings (got {len(stops)})", "stop")
+    if any(not s for s in stops):
+        raise invalid("stop strings must not be empty", "stop")
+    return [utf8(s, "stop") for s in stops]
+
+
+def check_fields(body: dict) -> None:
+    known = set(OPENAI_FIELDS) | set(ENGINE_FIELDS) | set(NEUTRAL_VALUES) | set(IGNORED_FIELDS)
+    for name, value in body.items():
+        if name not in known:
+            raise invalid(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter")
+        if name in NEUTRAL_VALUES and value is not None and value not in NEUTRAL_VALUES[name]:
+            raise invalid(f"{name} {str(value)[:40]} is not supported by this server (diffusion decoding); leave "
+                          f"it out or set it to {NEUTRAL_VALUES[name][0]!r}", name, "unsupported_parameter")
+
+
+def answer_length(body: dict, default: int) -> tuple[int, str]:
+    """(max_tokens, the field it came from)."""
+    given = {name: body[name] for name in ("max_tokens", "max_completion_tokens") if body.get(name) is not None}
+    if len(set(given.values())) > 1:
+        raise invalid("max_tokens and max_completion_tokens differ; give one", "max_completion_tokens")
+    if not given:
+        return default, "max_tokens"
+    name, value = next(iter(given.items()))
+    if typed(name, value, int) < 1:
+        raise invalid(f"{name} must be at least 1 (got {value})", name)
+    return value, name
+
+
+def param_of(message: str, length_field: str) -> str | None:
+    """The request field behind an engine SettingsError (whose message starts with the setting's name)."""
+    setting = message.removeprefix("unknown ")
+    names = {name.replace("_", " "): name for name in GenerationSettings.__dataclass_fields__}
+    for spaced in sorted(names, key=len, reverse=True):
+        if setting.startswith(spaced + " "):
+            return length_field if names[spaced] == "gen_length" else names[spaced]
+    return None
+
+
+def build_settings(body: dict, defaults: GenerationSettings) -> GenerationSettings:
+    max_tokens, length_field = answer_length(body, defaults.gen_length)
+    knobs = {name: typed(name, body[name], kind) for name, kind in ENGINE_FIELDS.items() if body.get(name) is not None}
+    if body.get("temperature") is not None:
+        knobs["temperature"] = typed("temperature", body["temperature"], float)
+    if body.get("seed") is not None:
+        knobs["seed"] = typed("seed", body["seed"], int)
+    elif knobs.get("temperature", defaults.temperature) > 0:
+        knobs["seed"] = secrets.randbelow(2**31)  # sampled requests without a seed differ, as with OpenAI
+    block = knobs.get("block_length")
+    if block is None:
+        knobs["block_length"] = block_length_for(max_tokens, defaults.block_length)
+    elif block >= 1 and max_tokens % block:
+        raise invalid(f"{length_field} {max_tokens} is not a multiple of block_length {block}: with that block "
+                      f"length use {length_field} {neighbours(max_tokens, block)}, or leave block_length out and "
+                      f"one that divides {length_field} is chosen", length_field)
+    settings = defaults.with_overrides(gen_length=max_tokens, **knobs)
+    try:
+        validate(settings)
+    except SettingsError as err:
+        raise invalid(str(err), param_of(str(err), length_field)) from None
+    return settings
+
+
+def parse_chat_request(body, defaults: GenerationSettings = GenerationSettings()) -> ChatRequest:
+    """The request as the engine takes it; ApiError (400) for the first field at fault."""
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object", None, "invalid_json")
+    check_fields(body)
+    model = body.get("model")
+    if model is None:
+        raise invalid("model is required (GET /v1/models names the loaded one)", "model", "missing_required_parameter")
+    typed("model", model, str)
+    messages = parse_messages(body.get("messages"))
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise invalid("stream must be true or false", "stream")
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise invalid("stream_options is only allowed when stream is true", "stream_options")
+        if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+            raise invalid("stream_options must be an object such as {\"include_usage\": true}", "stream_options")
+    stop = parse_stop(body.get("stop"))
+    settings = build_settings(body, defaults)
+    return ChatRequest(model, messages, settings, stop, bool(stream), bool((options or {}).get("include_usage")))

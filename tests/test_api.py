@@ -1,0 +1,219 @@
+"""The OpenAI-compatible API served beside the page (tiny random LLaDA model), through the official `openai`
+client and raw HTTP: answers equal the engine's, streams carry committed text in order, errors are OpenAI's."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from api_testing import SubmitSpy, error_of, openai_client, served_api, served_app
+
+from flash_dllm.app.api import ApiConfig
+from flash_dllm.app.models import ModelHost
+from flash_dllm.engine import GenerationSettings
+from flash_dllm.engine.tiny import TinySpec, write_tiny_model
+
+openai = pytest.importorskip("openai")  # the dev extra; an image without it skips these tests
+
+SHORT = dict(max_tokens=32)
+# ~2 s on one CPU core: a request still decoding when the test acts on it
+LONG = dict(max_tokens=384, extra_body={"method": "llada", "block_length": 64})
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    folder = write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llada", TinySpec("llada"))
+    with served_app(folder, tmp_path_factory.mktemp("home")) as served:
+        yield served
+
+
+@pytest.fixture()
+def client(app):
+    return openai_client(app.base_url)
+
+
+def solo(app, text: str, **settings) -> object:
+    """The engine's own answer to one user message, decoded alone."""
+    values = {"gen_length": 32, "block_length": 32, **settings}
+    return app.engine.generate([[{"role": "user", "content": text}]], GenerationSettings(**values))[0]
+
+
+def messages(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def test_models_lists_the_loaded_model(app, client):
+    assert [m.id for m in client.models.list().data] == [app.model]
+    assert client.models.retrieve(app.model).id == app.model
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
+
+
+def test_a_completion_is_the_engines_answer(app, client):
+    reference = solo(app, "Hello there")
+    answer = client.chat.completions.create(model=app.model, messages=messages("Hello there"), **SHORT)
+    choice = answer.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content == reference.text
+    assert choice.finish_reason == ("stop" if reference.finish_reason == "eos" else "length")
+    assert answer.usage.prompt_tokens == reference.prompt_tokens
+    assert answer.usage.completion_tokens == len(reference.token_ids) == 32
+    assert answer.usage.total_tokens == reference.prompt_tokens + 32
+    assert answer.model == app.model and answer.id.startswith("chatcmpl-")
+    assert answer.model_extra["flash_dllm"]["forward_passes"] == reference.forward_passes
+
+
+def test_the_model_may_be_named_by_the_name_it_was_loaded_by(app, client):
+    answer = client.chat.completions.create(model=app.ctx.host.name, messages=messages("hi"), max_tokens=8)
+    assert answer.choices[0].message.content == solo(app, "hi", gen_length=8, block_length=8).text
+
+
+def test_a_stream_carries_the_committed_prefix_in_order_then_finish_and_usage(app, client):
+    reference = solo(app, "Stream this please", gen_length=64)
+    chunks = list(client.chat.completions.create(model=app.model, messages=messages("Stream this please"),
+                                                 max_tokens=64, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(texts) == reference.text
+    assert len(texts) >= 3, texts  # the text arrives as it commits, not at the end
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 64
+    assert chunks[-1].usage.prompt_tokens == reference.prompt_tokens
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_raw_sse_chunks_end_with_finish_usage_and_done(app, monkeypatch):
+    spy = SubmitSpy(app.engine, monkeypatch)
+    body = {"model": app.model, "messages": messages("order matters"), "max_tokens": 64, "stream": True}
+    with httpx.stream("POST", app.base_url + "/chat/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+    data = [json.loads(line[6:]) for line in lines[:-1]]
+    assert all(d["object"] == "chat.completion.chunk" and len(d["choices"]) == 1 for d in data)
+    # without stream_options.include_usage the usage rides on the one finishing chunk
+    assert [d["choices"][0]["finish_reason"] for d in data] == [None] * (len(data) - 1) + ["length"]
+    assert data[-1]["usage"]["completion_tokens"] == 64 and all("usage" not in d for d in data[:-1])
+    sent = "".join(d["choices"][0]["delta"].get("content", "") for d in data)
+    assert sent == spy.requests[0].result(10).text
+
+
+def test_max_tokens_is_the_answer_length_exactly(app, client):
+    for n in (1, 7, 50):  # 7 and 50 do not divide the default block length: the block length follows them
+        answer = client.chat.completions.create(model=app.model, messages=messages("count"), max_tokens=n)
+        assert answer.usage.completion_tokens == n and answer.choices[0].finish_reason == "length"
+        assert answer.choices[0].message.content == solo(app, "count", gen_length=n, block_length=n).text
+
+
+def test_engine_knobs_travel_as_extra_body_fields(app, client):
+    knobs = dict(method="fast-dllm", threshold=0.5, block_length=16)
+    answer = client.chat.completions.create(model=app.model, messages=messages("knobs"), max_tokens=32,
+                                            extra_body=knobs)
+    reference = solo(app, "knobs", **knobs)
+    assert answer.choices[0].message.content == reference.text
+    assert answer.model_extra["flash_dllm"]["method"] == "fast-dllm"
+    assert answer.model_extra["flash_dllm"]["steps"] == reference.steps
+
+
+def test_a_stop_string_cuts_the_answer_and_finishes_with_stop(app, client):
+    text = solo(app, "stop me", gen_length=64).text
+    stop = text[20:23]
+    expected = text[:text.index(stop)]
+    for stream in (False, True):
+        answer = client.chat.completions.create(model=app.model, messages=messages("stop me"), max_tokens=64,
+                                                stop=[stop, "never there"], stream=stream)
+        if stream:
+            chunks = list(answer)
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            reason = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            usage = chunks[-1].usage
+        else:
+            content, reason, usage = answer.choices[0].message.content, [answer.choices[0].finish_reason], answer.usage
+        assert content == expected and reason == ["stop"] and usage.completion_tokens < 64
+
+
+def test_sampling_follows_temperature_and_seed(app, client):
+    def ask(**fields):
+        return client.chat.completions.create(model=app.model, messages=messages("sample"), max_tokens=32,
+                                              **fields).choices[0].message.content
+    assert ask(temperature=1.0, seed=3) == ask(temperature=1.0, seed=3) == solo(app, "sample", temperature=1.0,
+                                                                                   seed=3).text
+    assert ask(temperature=1.0, seed=3) != ask(temperature=1.0, seed=4)
+
+
+def test_a_closed_stream_cancels_its_engine_request(app, monkeypatch):
+    spy = SubmitSpy(app.engine, monkeypatch)
+    body = {"model": app.model, "messages": messages("a long answer"), "max_tokens": 384, "method": "llada",
+            "block_length": 64, "stream": True}
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", app.base_url + "/chat/completions", json=body) as response:
+            first = next(response.iter_lines())
+            assert first.startswith("data: ")
+            deadline = time.time() + 30
+            while spy.requests[0].generated_tokens == 0 and time.time() < deadline:
+                time.sleep(0.01)  # decoding has begun
+    result = spy.requests[0].result(30)  # the client closed the connection above
+    assert result.finish_reason == "cancelled" and len(result.token_ids) < 384
+    assert app.engine.requests_in_flight() == []
+
+
+def test_a_client_that_leaves_a_plain_request_cancels_it(app, monkeypatch):
+    spy = SubmitSpy(app.engine, monkeypatch)
+    body = {"model": app.model, "messages": messages("gone"), "max_tokens": 384, "method": "llada",
+            "block_length": 64}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(app.base_url + "/chat/completions", json=body, timeout=0.8)
+    assert spy.requests[0].result(30).finish_reason == "cancelled"
+
+
+def test_the_page_lists_api_requests_in_flight(app, monkeypatch):
+    from flash_dllm.app.inflight import inflight_html
+
+    spy = SubmitSpy(app.engine, monkeypatch)
+    client = openai_client(app.base_url)
+
+    def ask():
+        with pytest.raises(openai.InternalServerError, match="cancelled"):  # 503: cancelled below
+            client.chat.completions.create(model=app.model, messages=messages("listed"), **LONG)
+    worker = threading.Thread(target=ask)
+    worker.start()
+    try:
+        deadline = time.time() + 30
+        while not spy.requests and time.time() < deadline:
+            time.sleep(0.01)
+        table = inflight_html(app.ctx)
+        assert f"<td>{spy.requests[0].id}</td><td>API</td>" in table and "/ 384" in table
+    finally:
+        spy.requests[0].cancel()
+        worker.join(30)
+    assert "None: the engine is idle" in inflight_html(app.ctx)
+
+
+def test_an_api_request_beside_the_page(app):
+    """The page's chat and the API use one engine: a page chat still answers, and its row is labelled."""
+    from gradio_client import Client
+
+    page = Client(app.url, verbose=False)
+    outputs = page.predict(message="from the page", gen_length=32, block_length=32, api_name="/chat")
+    assert "Done." in outputs[7]
+    assert set(app.ctx.host.request_labels.values()) <= {"page", "API"}
+
+
+def test_the_key_is_enforced_when_set(app):
+    host = ModelHost(app.engine, name=app.ctx.host.name)
+    with served_api(host, ApiConfig(key="sekrit-key")) as base_url:
+        missing = httpx.get(base_url + "/models", timeout=30)
+        assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+        assert "no API key" in error_of(missing)["message"]
+        wrong = httpx.get(base_url + "/models", headers={"Authorization": "Bearer nope"}, timeout=30)
+        assert wrong.status_code == 401 and error_of(wrong)["code"] == "invalid_api_key"
+        assert "nope" not in wrong.text
+        unknown_route = httpx.get(base_url + "/secret-route", timeout=30)
+        assert unknown_route.status_code == 401  # nothing, not even which routes exist, without the key
+        with pytest.raises(openai.AuthenticationError):
+            openai_client(base_url, "wrong").chat.completions.create(model=app.model, messages=messages("x"))
+        answer = openai_client(base_url, "sekrit-key").chat.completions.create(
+            model=app.model, messages=messages("Hello there"), **SHORT)
+        assert answer.choices[0].message.content == solo(app, "Hello there").text
