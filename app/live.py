@@ -1,6 +1,7 @@
 """A generation as the UI drains it: the engine decodes on its worker, the UI takes events in frames.
 
-`LiveRun` runs `Engine.generate` on one thread whose ``on_event`` puts each event on one queue.
+`LiveRun` submits one request to the engine (`Engine.submit`, beside the API's requests) and waits for it on one
+thread; the request's ``on_event`` puts each event on one queue.
 `LiveRun.frames()` hands the UI everything that arrived since its last frame, at most one frame per
 ``frame_s``: when steps come slower than the frame rate each step is shown as soon as it happens; when they
 come at hundreds per second, all of a frame's steps are folded (cheaply, see app/canvas.py) and one frame is
@@ -11,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from flash_dllm.app.canvas import Canvas, empty_canvas_html
 from flash_dllm.app.stats import stats_rows, stats_table
@@ -38,19 +39,23 @@ def is_terminal(event) -> bool:
 
 
 class LiveRun:
-    """One `Engine.generate` call on its own thread, its events put on one queue that the UI drains with a
-    deadline (`frames`). The queue ends with Finished, or Failed when the run raised."""
+    """One engine request (`Engine.submit`) waited for on its own thread, its events put on one queue that the
+    UI drains with a deadline (`frames`). The queue ends with Finished, or Failed when the request failed.
+    ``on_submit`` receives the engine's Request (the page labels it in its list of requests in flight)."""
 
-    def __init__(self, engine, prompts: list, settings, frame_s: float = FRAME_S, idle_s: float = IDLE_S,
-                 cancel: threading.Event | None = None):
+    def __init__(self, engine, prompt, settings, frame_s: float = FRAME_S, idle_s: float = IDLE_S,
+                 cancel: threading.Event | None = None, on_submit: Callable | None = None):
         self.engine = engine
-        self.prompts = prompts
+        self.prompt = prompt
         self.settings = settings
         self.frame_s = frame_s
         self.idle_s = idle_s
         self.cancel = cancel or threading.Event()
+        self.on_submit = on_submit
         self.events: queue.Queue = queue.Queue()
         self.event_count = 0
+        self.request = None
+        self._request_lock = threading.Lock()
         self._thread = threading.Thread(target=self._decode, name="flash-dllm-decode", daemon=True)
 
     def start(self) -> "LiveRun":
@@ -59,7 +64,14 @@ class LiveRun:
 
     def _decode(self) -> None:
         try:
-            results = self.engine.generate(self.prompts, self.settings, on_event=self.events.put, cancel=self.cancel)
+            request = self.engine.submit(self.prompt, self.settings, on_event=self.events.put)
+            with self._request_lock:  # `stop` reads it under the same lock: one of the two sees the other
+                self.request = request
+            if self.cancel.is_set():
+                request.cancel()
+            if self.on_submit is not None:
+                self.on_submit(request)
+            results = [request.result()]
         except (EngineError, ValueError) as err:  # settings, prompt, memory: the message says what to change
             self.events.put(Failed(str(err)))
         except BaseException as err:  # a bug: the UI must still receive a terminal event, and shows its name
@@ -91,9 +103,13 @@ class LiveRun:
     def stop(self) -> None:
         """Ask the engine to stop between steps (the run then finishes with reason "cancelled")."""
         self.cancel.set()
+        with self._request_lock:
+            request = self.request
+        if request is not None:
+            request.cancel()
 
     def close(self, timeout: float = 30.0) -> None:
-        self.cancel.set()
+        self.stop()
         self._thread.join(timeout)
 
 

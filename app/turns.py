@@ -169,7 +169,8 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
             view = RunView(label, ctx.host.describe(), engine.device, prompt_text=asked)
             views.append(view)
             canvas_key, stats_key = ("canvas_a", "stats_a") if label == "A" else ("canvas_b", "stats_b")
-            run = LiveRun(engine, [prompt], run_settings, frame_s=ctx.frame_s)
+            run = LiveRun(engine, prompt, run_settings, frame_s=ctx.frame_s,
+                          on_submit=lambda request: ctx.host.label(request.id, "page"))
             turn.attach(run)
             run.start()
             try:

@@ -52,6 +52,37 @@ class HeldEngine:
             time.sleep(0.02)
         return self.engine.generate(prompts, settings, on_event=on_event, cancel=cancel)
 
+    def submit(self, prompt, settings, on_event=None):
+        return HeldRequest(self.engine, prompt, settings, on_event, self.release)
+
+
+class HeldRequest:
+    """A submitted request that reaches the real engine only after `release` (or, cancelled first, at once
+    and cancelled there)."""
+
+    def __init__(self, engine, prompt, settings, on_event, release):
+        self.id, self.cancel_event, self.real = id(self), threading.Event(), None
+        self.submitted = threading.Event()
+
+        def wait_then_submit():
+            while not release.is_set() and not self.cancel_event.is_set():
+                time.sleep(0.02)
+            self.real = engine.submit(prompt, settings, on_event=on_event)
+            if self.cancel_event.is_set():
+                self.real.cancel()
+            self.submitted.set()
+
+        threading.Thread(target=wait_then_submit, daemon=True).start()
+
+    def cancel(self):
+        self.cancel_event.set()
+        if self.real is not None:
+            self.real.cancel()
+
+    def result(self, timeout=None):
+        self.submitted.wait()
+        return self.real.result(timeout)
+
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):

@@ -138,6 +138,21 @@ class FakeEngine:
         finally:
             self.closed.set()
 
+    def submit(self, prompt, settings, on_event=None):
+        """The submit contract: a request whose result() runs the scripted decode (on the waiting thread)."""
+        engine, cancel = self, threading.Event()
+
+        class FakeRequest:
+            id = 1
+
+            def cancel(self):
+                cancel.set()
+
+            def result(self, timeout=None):
+                return engine.generate([prompt], settings, on_event=on_event, cancel=cancel)
+
+        return FakeRequest()
+
 
 def test_fast_steps_are_coalesced_into_few_frames_without_losing_any():
     events = synthetic_events(2000)
@@ -186,7 +201,7 @@ def tiny_engine(tmp_path_factory):
 def test_canvas_folded_from_the_engine_matches_its_answer(tiny_engine):
     settings = GenerationSettings(method="flash-verify", gen_length=48, block_length=16)
     view = RunView("A", tiny_engine.describe(), tiny_engine.device)
-    run = LiveRun(tiny_engine, ["Tell me something"], settings).start()
+    run = LiveRun(tiny_engine, "Tell me something", settings).start()
     for batch in run.frames():
         view.fold(batch)
     result = view.result
