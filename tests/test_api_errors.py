@@ -112,12 +112,16 @@ def test_a_full_engine_answers_503_with_retry_after(app, monkeypatch):
 def test_an_engine_failure_is_a_500_of_one_line(app, monkeypatch):
     def explode(*args, **kwargs):
         raise RuntimeError("kernel exploded\n  at line 3")
-    monkeypatch.setattr(app.engine, "generate", explode)
+    import flash_dllm.engine.decode_loop as decode_loop
+
+    monkeypatch.setattr(decode_loop, "forward_cached", explode)  # inside the scheduler's step
     response = post(app.base_url, "/chat/completions", json=ask(app))
     error = error_of(response)
     assert response.status_code == 500 and error["message"] == "RuntimeError: kernel exploded at line 3"
     with pytest.raises(openai.APIError, match="kernel exploded"):  # in a stream: an error event, then the end
         list(openai_client(app.base_url).chat.completions.create(**ask(app), stream=True))
+    monkeypatch.undo()
+    assert post(app.base_url, "/chat/completions", json=ask(app)).status_code == 200  # the engine recovered
 
 
 def test_the_model_is_named_in_the_404(app):
