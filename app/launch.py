@@ -156,6 +156,27 @@ def share_note(share_url: str | None, auth: bool) -> str:
                                                                   " No login: start with --auth to require one.")
 
 
+def load_startup_engine(prog: str, args):
+    """The model the app or `serve` starts with (--model, else the last one used, else the bundled one):
+    (engine, name, options), or None after one line on stderr saying why it could not be loaded."""
+    from flash_dllm.app.cli import error_line
+    from flash_dllm.app.models import LoadOptions, startup_model
+    from flash_dllm.engine import Engine
+
+    name, why = startup_model(args.model)
+    if name is None:
+        print(f"{prog}: {why}", file=sys.stderr)
+        return None
+    print(f"Loading {name} ({why})…", flush=True)
+    options = LoadOptions(device=args.device, dtype=args.dtype, kernels=args.kernels, graphs=not args.no_graphs)
+    try:
+        engine = Engine.load(name, **asdict(options))
+    except Exception as err:  # HubError, SettingsError, WeightsError, ...: one line, no traceback
+        print(f"{prog}: cannot load {name} ({why}): {error_line(err)}", file=sys.stderr)
+        return None
+    return engine, name, options
+
+
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -164,10 +185,8 @@ def run(args: argparse.Namespace) -> int:
     from flash_dllm.app.api_keys import ApiKeyError, api_key_for
     from flash_dllm.app.chats import ChatStore
     from flash_dllm.app.cli import error_line
-    from flash_dllm.app.models import LoadOptions, ModelHost, startup_model
+    from flash_dllm.app.models import ModelHost
     from flash_dllm.app.turns import AppContext
-    from flash_dllm.engine import Engine
-
     from flash_dllm.engine import SettingsError, pick_device
 
     chats_folder = paths.data_dir(create=False) / "chats"
@@ -182,17 +201,10 @@ def run(args: argparse.Namespace) -> int:
     except (LaunchError, SettingsError, ApiKeyError, OSError) as err:
         print(f"flash-dllm-chat: {error_line(err)}", file=sys.stderr)
         return 2
-    name, why = startup_model(args.model)
-    if name is None:
-        print(f"flash-dllm-chat: {why}", file=sys.stderr)
+    loaded = load_startup_engine("flash-dllm-chat", args)
+    if loaded is None:
         return 2
-    print(f"Loading {name} ({why})…", flush=True)
-    options = LoadOptions(device=args.device, dtype=args.dtype, kernels=args.kernels, graphs=not args.no_graphs)
-    try:
-        engine = Engine.load(name, **asdict(options))
-    except Exception as err:  # HubError, SettingsError, WeightsError, ...: one line, no traceback
-        print(f"flash-dllm-chat: cannot load {name} ({why}): {error_line(err)}", file=sys.stderr)
-        return 2
+    engine, name, options = loaded
     try:
         paths.remember_model(name)
     except OSError as err:  # the app still runs; only the 'last model' memory is lost

@@ -24,21 +24,19 @@ def _home_override() -> Path | None:
 def config_dir(create: bool = True) -> Path:
     """Folder of settings.json (created on first use; ``create=False`` for a read, which must work in a
     read-only home where nothing will be written)."""
-    import platformdirs
-
-    home = _home_override()
-    folder = home / "config" if home else Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
-    if create:
-        folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return _folder("config", "user_config_dir", create)
 
 
 def data_dir(create: bool = True) -> Path:
     """Folder for saved chats and other user data (created on first use)."""
+    return _folder("data", "user_data_dir", create)
+
+
+def _folder(override_name: str, platform_dir: str, create: bool) -> Path:
     import platformdirs
 
     home = _home_override()
-    folder = home / "data" if home else Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+    folder = home / override_name if home else Path(getattr(platformdirs, platform_dir)(APP_NAME, appauthor=False))
     if create:
         folder.mkdir(parents=True, exist_ok=True)
     return folder

@@ -72,9 +72,9 @@ def run(args: argparse.Namespace) -> int:
     from flash_dllm.app.api_keys import ApiKeyError, api_key_for
     from flash_dllm.app.cli import error_line
     from flash_dllm.app.guard import AccessPolicy
-    from flash_dllm.app.launch import LaunchError, check_host, check_port, is_loopback
-    from flash_dllm.app.models import LoadOptions, ModelHost, display_name, startup_model
-    from flash_dllm.engine import Engine, SettingsError, pick_device
+    from flash_dllm.app.launch import LaunchError, check_host, check_port, is_loopback, load_startup_engine
+    from flash_dllm.app.models import ModelHost, display_name
+    from flash_dllm.engine import SettingsError, pick_device
 
     try:  # every flag before the model loads: a mistake costs no load
         check_port(args.port)
@@ -87,18 +87,10 @@ def run(args: argparse.Namespace) -> int:
     except (LaunchError, SettingsError, ApiKeyError, OSError) as err:
         print(f"flash-dllm-chat serve: {error_line(err)}", file=sys.stderr)
         return 2
-    name, why = startup_model(args.model)
-    if name is None:
-        print(f"flash-dllm-chat serve: {why}", file=sys.stderr)
+    loaded = load_startup_engine("flash-dllm-chat serve", args)
+    if loaded is None:
         return 2
-    print(f"Loading {name} ({why})…", flush=True)
-    options = LoadOptions(device=args.device, dtype=args.dtype, kernels=args.kernels, graphs=not args.no_graphs)
-    try:
-        engine = Engine.load(name, device=options.device, dtype=options.dtype, kernels=options.kernels,
-                             graphs=options.graphs)
-    except Exception as err:  # HubError, SettingsError, WeightsError, ...: one line, no traceback
-        print(f"flash-dllm-chat serve: cannot load {name} ({why}): {error_line(err)}", file=sys.stderr)
-        return 2
+    engine, name, options = loaded
     host = ModelHost(engine, options, name)
     app = api_only_app(host, ApiConfig(key=key, max_in_flight=args.max_in_flight), AccessPolicy.for_address(args.host))
     info = engine.describe()

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from pathlib import Path
@@ -19,12 +18,8 @@ from flash_dllm.app.models import LoadOptions, ModelHost, display_name
 from flash_dllm.app.serve import api_only_app
 from flash_dllm.app.turns import AppContext
 from flash_dllm.engine import Engine
+from app_testing import free_port  # noqa: E402
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def chat_api_of(app):

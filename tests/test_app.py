@@ -7,7 +7,6 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import re
-import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,6 +22,7 @@ from flash_dllm.app.models import LoadOptions, ModelHost
 from flash_dllm.app.turns import OUTPUTS, AppContext
 from flash_dllm.engine import Engine, hub
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
+from app_testing import free_port  # noqa: E402
 
 API_OUTPUTS = [name for name in OUTPUTS if not name.startswith("rec_")]  # gr.State never reaches clients
 LONG = dict(method="llada", gen_length=384, block_length=64, steps=0)  # ~2 s on one CPU core
@@ -47,11 +47,6 @@ def texts(chatbot) -> list[tuple[str, str]]:
         out.append((message["role"], content))
     return out
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

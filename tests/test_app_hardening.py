@@ -3,8 +3,6 @@ app loads only from its shelf, state that outlives its cause is cleaned up."""
 from __future__ import annotations
 
 import os
-import socket
-import threading
 import time
 from types import SimpleNamespace
 
@@ -20,6 +18,7 @@ from flash_dllm.app.sessions import Sessions
 from flash_dllm.app.turns import OUTPUTS, AppContext
 from flash_dllm.engine import Engine
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
+from app_testing import free_port  # noqa: E402
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 API_OUTPUTS = [name for name in OUTPUTS if not name.startswith("rec_")]
@@ -33,11 +32,6 @@ def named(outputs) -> dict:
 def value(update):
     return update.get("value") if isinstance(update, dict) else update
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

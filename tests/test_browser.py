@@ -8,7 +8,6 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import shutil
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from flash_dllm.app.models import LoadOptions, ModelHost
 from flash_dllm.app.turns import AppContext
 from flash_dllm.engine import Engine, hub
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
+from app_testing import free_port  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
@@ -49,11 +49,6 @@ class Scene:
                 f" return (c && +c.dataset.step >= {self.min_step} && +c.dataset.masked >= {self.min_masked})"
                 f" || /Done|Stopped|ready for the next/.test(({STATUS})()); }}")
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def scenes(tmp_path: Path) -> list[Scene]:

@@ -9,7 +9,6 @@ import os
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import shutil
-import socket
 import threading
 import time
 
@@ -22,6 +21,7 @@ from flash_dllm.app.models import LoadOptions, ModelHost
 from flash_dllm.app.turns import AppContext
 from flash_dllm.engine import Engine
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
+from app_testing import free_port  # noqa: E402
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed")]
@@ -30,11 +30,6 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
 STATUS = "() => (document.querySelector('#status') || {}).textContent || ''"
 FINISHED = f"() => /Done|Stopped|ready for the next|not accepted/.test(({STATUS})())"
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class HeldEngine:
@@ -61,15 +56,16 @@ class HeldRequest:
     and cancelled there)."""
 
     def __init__(self, engine, prompt, settings, on_event, release):
-        self.id, self.cancel_event, self.real = id(self), threading.Event(), None
+        self.id, self.cancel_event, self.real, self.held_result = id(self), threading.Event(), None, None
         self.submitted = threading.Event()
 
         def wait_then_submit():
             while not release.is_set() and not self.cancel_event.is_set():
                 time.sleep(0.02)
             self.real = engine.submit(prompt, settings, on_event=on_event)
-            if self.cancel_event.is_set():
+            if self.cancel_event.is_set():  # stopped while held: as a request cancelled before admission
                 self.real.cancel()
+                self.held_result = engine._cancelled_result(self.real)
             self.submitted.set()
 
         threading.Thread(target=wait_then_submit, daemon=True).start()
@@ -81,7 +77,8 @@ class HeldRequest:
 
     def result(self, timeout=None):
         self.submitted.wait()
-        return self.real.result(timeout)
+        self.real.result(timeout)
+        return self.held_result or self.real.result(timeout)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import flash_dllm.engine.decode_loop as decode_loop
-from flash_dllm.app.cli import main
 from flash_dllm.app.paths import load_app_settings
+from app_testing import run  # noqa: E402
 
 FAST = ["--method", "llada", "--gen-length", "8", "--block-length", "8", "--steps", "4"]
 JSON_FIELDS = {"text", "token_ids", "forward_passes", "steps", "elapsed_s", "tokens_per_s", "method", "model",
@@ -22,14 +22,6 @@ JSON_FIELDS = {"text", "token_ids", "forward_passes", "steps", "elapsed_s", "tok
 STATS = re.compile(r"^\[\d+ tokens \| \d+ forward passes \| [\d.]+ tokens/forward \| [\d.]+ tok/s \| [\d.]+ s \| "
                    r"llada \| torch kernels\]$")
 
-
-def run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_usage_error(code, out, err, needle):

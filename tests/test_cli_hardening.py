@@ -8,20 +8,12 @@ import time
 
 import pytest
 
-from flash_dllm.app.cli import main
 from flash_dllm.app.paths import load_app_settings, remember_model
 from flash_dllm.engine import hub
+from app_testing import run  # noqa: E402
 
 FAST = ["--method", "llada", "--gen-length", "8", "--block-length", "8", "--steps", "4"]
 
-
-def run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_one_line(code, err, *needles):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import time
 import urllib.parse
 
 import pytest
 
 from flash_dllm.app.guard import AccessPolicy, LoginLimiter, split_host
+from app_testing import free_port  # noqa: E402
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -55,11 +55,6 @@ def test_login_limiter_window():
     limiter.succeeded("a")
     assert limiter.wait_s("a", now=11.5) == 0
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
