@@ -65,30 +65,15 @@ class DeviceCanvas:
 
     def load(self, prompts: list[list[int]], gen_lengths: list[int], seeds: list[int], threshold: float = 0.9,
              gamma: float = 0.8, temperature: float = 0.0) -> None:
-        """Start a sequence in each of the first len(prompts) slots (the others stay inactive), in place."""
-        n, L, width = self.n_slots, self.slot_len, self.width
-        tokens = torch.full((n, L + 1), self.eos_id, dtype=torch.int64)
-        answer = torch.full((n, width), self.eos_id, dtype=torch.int64)
-        prompt_len, gen_len = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
-        for row, (prompt, gen) in enumerate(zip(prompts, gen_lengths)):
-            if len(prompt) + gen > L or gen > width:
-                raise ValueError(f"sequence {row} ({len(prompt)} + {gen} tokens) does not fit a slot of {L}")
-            tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
-            tokens[row, len(prompt): len(prompt) + gen] = self.mask_id
-            answer[row, :gen] = -1
-            prompt_len[row], gen_len[row] = len(prompt), gen
-        live = torch.arange(n) < len(prompts)
-        seeds = torch.tensor([s & 0xFFFFFFFF for s in seeds] + [0] * (n - len(prompts)), dtype=torch.int64)
-        for buffer, value in ((self.tokens, tokens), (self.answer, answer), (self.prompt_len, prompt_len),
-                              (self.gen_len, gen_len), (self.end, gen_len), (self.seed, seeds), (self.active, live)):
-            buffer.copy_(value)
-        for buffer in (self.steps, self.forward_passes, self.verify_passes, self.accepted, self.rejected):
-            buffer.zero_()
-        self.confidence.zero_()
-        self.newly_rank.fill_(NOT_NEW)
-        self.threshold.fill_(threshold)
-        self.gamma.fill_(gamma)
-        self.temperature.fill_(temperature)
+        """Start a sequence in each of the first len(prompts) slots (the others become empty), in place."""
+        self.active.zero_()
+        self.prompt_len.zero_()
+        self.gen_len.zero_()
+        self.end.zero_()
+        self.answer.fill_(self.eos_id)
+        self.tokens.fill_(self.eos_id)
+        for row, (prompt, gen, seed) in enumerate(zip(prompts, gen_lengths, seeds)):
+            self.load_slot(row, prompt, gen, seed, threshold, gamma, temperature)
 
     def load_slot(self, slot: int, prompt: list[int], gen_length: int, seed: int, threshold: float, gamma: float,
                   temperature: float) -> None:

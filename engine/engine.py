@@ -20,7 +20,7 @@ from flash_dllm.engine.model import DiffusionLM, bind_kernels
 from flash_dllm.engine.requests import Request, RequestInfo
 from flash_dllm.engine.scheduler import Scheduler
 from flash_dllm.engine.sequence import SequenceState
-from flash_dllm.engine.settings import (METHODS, GenerationResult, GenerationSettings, SettingsError, check_fits,
+from flash_dllm.engine.settings import (GenerationResult, GenerationSettings, SettingsError, check_fits,
                                        validate)
 from flash_dllm.engine.tokenizer import ChatTokenizer, load_tokenizer
 from flash_dllm.engine.weights import default_dtype, load_model
@@ -121,10 +121,6 @@ class Engine:
                               "device or dtype") from None
         return cls(weights, load_tokenizer(folder, weights.config), name or str(model), Path(folder), backend,
                    graphs=graphs)
-
-    @staticmethod
-    def methods() -> dict[str, str]:
-        return dict(METHODS)
 
     @property
     def device(self) -> torch.device:

@@ -146,17 +146,12 @@ def layout_tensors(layout: Layout, n_slots: int, device) -> LayoutTensors:
 def attention_plan(lt: LayoutTensors, q_len: torch.Tensor, kv_start: torch.Tensor, kv_len: torch.Tensor,
                    max_kv_len: int, kv_keep=None, inq_start=None, inq_mask=None, score_query=None) -> AttentionPlan:
     """The scheduled-attention plan of a layout: its fixed tile table, per-slot lengths as device tensors."""
-    plan = AttentionPlan(
+    return AttentionPlan(
         q_start=lt.q_start, q_len=q_len.to(torch.int32), kv_start=kv_start.to(torch.int32),
         kv_len=kv_len.to(torch.int32), tile_seq=lt.tile_seq, tile_q0=lt.tile_q0, block_m=ATTENTION_BLOCK_M,
         max_kv_len=max_kv_len, host_q_len=None, host_kv_len=None, host_q_start=None, host_kv_start=None,
         kv_keep=kv_keep, inq_start=inq_start.to(torch.int32) if inq_start is not None else None, inq_mask=inq_mask,
         host_inq_start=None, score_query=score_query)
-    if q_len.device.type == "cpu":  # the torch reference walks sequences with host lists (free on the CPU)
-        plan.host_q_len, plan.host_kv_len = plan.q_len.tolist(), plan.kv_len.tolist()
-        plan.host_q_start, plan.host_kv_start = plan.q_start.tolist(), plan.kv_start.tolist()
-        plan.host_inq_start = plan.inq_start.tolist() if inq_start is not None else None
-    return plan
 
 
 def _scatter_flat(n_rows: int, fill, target: torch.Tensor, values: torch.Tensor, dtype) -> torch.Tensor:

@@ -21,7 +21,6 @@ class SequenceState:
     end_ids: frozenset[int]  # EOS and end-of-turn: the answer ends at the first committed one
     answer: list[int] = field(default_factory=list)  # token per cell, MASK while masked
     confidence: list[float] = field(default_factory=list)
-    commit_step: list[int] = field(default_factory=list)
     end: int | None = None  # cell of the first committed end token
     steps: int = 0
     forward_passes: int = 0
@@ -35,7 +34,6 @@ class SequenceState:
         if not self.answer:
             self.answer = [MASK] * self.gen_length
             self.confidence = [0.0] * self.gen_length
-            self.commit_step = [-1] * self.gen_length
 
     @property
     def prompt_len(self) -> int:
@@ -77,10 +75,6 @@ class SequenceState:
         cells = [self.mask_id if token == MASK else token for token in self.answer[:limit]]
         return self.prompt_ids + cells + [self.eos_id] * (self.gen_length - limit)
 
-    def tokens_at(self, positions: list[int]) -> list[int]:
-        row = self.tokens()
-        return [row[p] for p in positions]
-
     def commit(self, cells: list[int], tokens: list[int], confidences: list[float]) -> int | None:
         """Fix tokens into cells. Returns the new end cell when this commit ended the answer, else None."""
         new_end, fixed = None, []
@@ -90,7 +84,6 @@ class SequenceState:
             fixed.append(cell)
             self.answer[cell] = int(token)
             self.confidence[cell] = float(conf)
-            self.commit_step[cell] = self.steps
             if token in self.end_ids and (self.end is None or cell < self.end):
                 self.end = new_end = cell
         if new_end is not None:  # tokens committed after the end are dropped: they are padding now

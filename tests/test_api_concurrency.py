@@ -23,8 +23,7 @@ PAGE_PROMPT = "Hello! Who are you?"
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     bundled = hub.bundled_model_path()
-    if bundled is None:
-        pytest.skip("no bundled model in this checkout")
+    assert bundled is not None, "the bundled model is missing from the package"
     with served_app(bundled, tmp_path_factory.mktemp("home")) as served:
         yield served
 
