@@ -63,13 +63,31 @@ def accept(ctx: AppContext, text, chat_id, request: gr.Request):
     text = clean_text(text if isinstance(text, str) else "")
     if not text.strip():
         return gr.skip(), gr.skip(), gr.skip(), ""
-    try:
-        chat = ctx.store.get_or_create(chat_id if isinstance(chat_id, str) else None)
-    except OSError:  # the chats folder cannot be written: `chat` says so and puts the message back in the box
-        return gr.skip(), gr.skip(), gr.skip(), text
-    ctx.sessions.queue(chat.id, request.session_hash, text)
+    chosen = chat_id if isinstance(chat_id, str) and chat_id else None
+    session = request.session_hash
+    with ctx.sessions.accepting:
+        if chosen is None:  # the page may not know yet the chat its previous message started (sent moments ago)
+            chosen = chat_awaiting_answer(ctx, ctx.sessions.started_by(session))
+        try:
+            chat = ctx.store.get_or_create(chosen)
+        except OSError:  # the chats folder cannot be written: `chat` says so and puts the message back in the box
+            return gr.skip(), gr.skip(), gr.skip(), text
+        if chosen is None:
+            ctx.sessions.started_chat(session, chat.id)
+        ctx.sessions.queue(chat.id, session, text)
     return ("", gr.update(choices=chat_choices(ctx.store), value=chat.id),
             chat_messages(chat, ctx.sessions.queued(chat.id)), text)
+
+
+def chat_awaiting_answer(ctx: AppContext, chat_id: str | None) -> str | None:
+    """chat_id when that chat still exists and has no answer yet (empty, or ending with the user's message)."""
+    if chat_id is None:
+        return None
+    try:
+        messages = ctx.store.get(chat_id).messages
+    except KeyError:
+        return None
+    return chat_id if not messages or messages[-1]["role"] == "user" else None
 
 
 def chat(ctx: AppContext, message, chat_id=None, system="", method=DEFAULT_METHOD, side_by_side=False,

@@ -47,6 +47,10 @@ class Sessions:
         self.pending: dict[str, list[Queued]] = {}
         self.busy: dict[str, int] = {}  # chat id -> turns decoding it now
         self.orphans: dict[str, list[str]] = {}  # chat id -> queued texts whose page went away
+        self.started: dict[str, str] = {}  # session -> the chat its last message with no chat chosen started
+        # Messages are accepted one at a time: two sent in quick succession run concurrently, and the second must
+        # see the chat the first one started.
+        self.accepting = threading.Lock()
 
     def queue(self, chat_id: str, session: str, text: str) -> None:
         with self._lock:
@@ -60,6 +64,15 @@ class Sessions:
                     del items[index]
                     return True
         return False
+
+    def started_chat(self, session: str, chat_id: str) -> None:
+        with self._lock:
+            self.started[session] = chat_id
+
+    def started_by(self, session: str) -> str | None:
+        """The chat this page's last message started while no chat was chosen."""
+        with self._lock:
+            return self.started.get(session)
 
     def queued(self, chat_id: str) -> list[str]:
         with self._lock:

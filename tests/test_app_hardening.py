@@ -3,7 +3,9 @@ app loads only from its shelf, state that outlives its cause is cleaned up."""
 from __future__ import annotations
 
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -150,6 +152,34 @@ def test_a_queued_message_outlives_its_page(app):
                                                                        "second, typed while it decoded"]
     _, _, status = handlers.open_chat(ctx, chat.id)
     assert "no answer yet" in status and "Regenerate" in status
+
+
+def test_messages_sent_before_the_page_knows_its_new_chat_go_into_that_chat(app):
+    """A fresh page (no chat chosen) sends two messages in quick succession: both accepts arrive with no chat id,
+    concurrently. They belong to the one chat the first started; once that chat is answered (or deleted), a
+    message with no chat chosen starts a new one."""
+    ctx, page = app.ctx, SimpleNamespace(session_hash="fresh-page")
+    before = {c.id for c in ctx.store.list()}
+    barrier = threading.Barrier(2)
+
+    def send(text):
+        barrier.wait()
+        return handlers.accept(ctx, text, None, page)
+
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(send, ["first question", "second question"]))
+    started = {c.id for c in ctx.store.list()} - before
+    assert len(started) == 1
+    (chat_id,) = started
+    assert [o[1]["value"] for o in outcomes] == [chat_id, chat_id]
+    assert sorted(ctx.sessions.queued(chat_id)) == ["first question", "second question"]
+    for text in ("first question", "second question"):
+        ctx.sessions.unqueue(chat_id, "fresh-page", text)
+    ctx.store.add_message(chat_id, "user", "first question")
+    ctx.store.put_answer(chat_id, "an answer")
+    later = handlers.accept(ctx, "a new topic", None, page)
+    assert later[1]["value"] != chat_id  # answered: no chat chosen means a new chat again
+    ctx.sessions.unqueue(later[1]["value"], "fresh-page", "a new topic")
 
 
 def test_sessions_hand_back_orphans_only_when_the_chat_is_idle():
