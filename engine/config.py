@@ -14,6 +14,16 @@ class UnsupportedModelError(ValueError):
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """Expert geometry of a mixture-of-experts MLP; each family fills in its router's rules."""
+    n_experts: int
+    top_k: int
+    expert_hidden: int  # F of one routed expert
+    n_shared_experts: int = 0  # always-on experts (a dense SwiGLU of n_shared_experts * shared_hidden)
+    shared_hidden: int = 0
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     family: str  # "llada" or "dream"
     d_model: int
@@ -31,6 +41,11 @@ class ModelConfig:
     mask_id: int
     eos_id: int
     pad_id: int | None = None
+    # Block diffusion (LLaDA2): attention is causal across blocks of this many absolute positions and
+    # bidirectional inside one, so committed blocks are cached exactly; None: bidirectional everywhere.
+    block_size: int | None = None
+    # Mixture of experts (LLaDA-MoE, LLaDA2): the family's router and expert geometry; None: a dense SwiGLU MLP.
+    moe: "MoEConfig | None" = None
 
     @property
     def shift_logits(self) -> bool:
