@@ -86,6 +86,18 @@ def default_positions(key_mask: torch.Tensor | None, batch: int, length: int, de
     return (key_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def attention_mask(cfg: ModelConfig, key_mask: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor | None:
+    """SDPA's boolean mask [B, 1, L|1, L] (True = attended): padding keys are never attended, and a block
+    diffusion model (``cfg.block_size``) sees a key only when its block (by RoPE position) is not after the
+    query's, which is what lets committed blocks be cached exactly."""
+    mask = None if key_mask is None else key_mask[:, None, None, :].bool()
+    if cfg.block_size:
+        block = torch.div(positions, cfg.block_size, rounding_mode="floor")
+        causal = (block[:, None, None, :] <= block[:, None, :, None])
+        mask = causal if mask is None else causal & mask
+    return mask
+
+
 def forward_hidden(
     model: DiffusionLM,
     input_ids: torch.Tensor,
@@ -101,7 +113,7 @@ def forward_hidden(
     if positions is None:
         positions = default_positions(key_mask, batch, length, input_ids.device)
     cos, sin = model.rope_cos[positions], model.rope_sin[positions]  # [B, L, Dh/2]
-    attn_mask = None if key_mask is None else key_mask[:, None, None, :].bool()
+    attn_mask = attention_mask(cfg, key_mask, positions)
     h = F.embedding(input_ids, model.embed)
     hq, hkv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     for layer in model.layers:

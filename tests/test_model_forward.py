@@ -129,3 +129,25 @@ def test_left_padding_changes_nothing(folder):
     # Dream's first real position copies its own row (nothing precedes it); compare from the second on.
     start = 1 if model.config.shift_logits else 0
     assert torch.allclose(got[1, pad + start:], short_expected[start:], atol=2e-4, rtol=1e-4)
+
+
+def test_block_diffusion_mask_is_causal_across_blocks_and_bidirectional_inside():
+    import torch
+
+    from flash_dllm.engine.config import ModelConfig
+    from flash_dllm.engine.model import attention_mask
+
+    cfg = ModelConfig("llada", 8, 1, 1, 1, 8, 8, 10, 1e4, 1e-5, 64, False, False, 1, 2, block_size=2)
+    positions = torch.arange(5)[None]
+    mask = attention_mask(cfg, None, positions)[0, 0]
+    expected = torch.tensor([[j // 2 <= i // 2 for j in range(5)] for i in range(5)])
+    assert torch.equal(mask, expected)
+    padded = attention_mask(cfg, torch.tensor([[False, True, True, True, True]]), torch.tensor([[0, 0, 1, 2, 3]]))
+    assert not padded[0, 0, :, 0].any() and padded[0, 0, 1:, 1].all() and not padded[0, 0, 1, 3]
+    assert attention_mask(replace_block(cfg), None, positions) is None
+
+
+def replace_block(cfg):
+    from dataclasses import replace
+
+    return replace(cfg, block_size=None)
