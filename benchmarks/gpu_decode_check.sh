@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a CUDA machine: the decode step's GPU tests (graph replay == eager, tiny and full geometry), the kernels'
 # GPU tests, `flash-dllm-chat bench decode` and a profile of a steady step. Works from a bare checkout.
-# Usage: benchmarks/gpu_decode_check.sh [stage ...]   stages: decode-tests kernel-tests bench profile (default all)
+# Usage: benchmarks/gpu_decode_check.sh [stage ...]   stages: decode-tests kernel-tests bench profile concurrent
+# (default all but concurrent)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-benchmarks/results/gpu-check}
@@ -28,6 +29,9 @@ for stage in $stages; do
     bench) timeout 400 python3 -m flash_dllm.engine.bench decode --geometry "${GEOMETRY:-llada-8b}" \
              --methods "${METHODS:-flash-cache,flash-verify,fast-dllm}" --batch-sizes "${BATCHES:-1}" \
              --iterations "${ITERATIONS:-150}" --repeats "${REPEATS:-1}" --out "$out/bench" 2>&1 | tail -30 ;;
+    concurrent) timeout 400 python3 benchmarks/bench_concurrent.py --geometry "${GEOMETRY:-llada-8b}" \
+                  --requests "${REQUESTS:-16}" --gen-length "${GEN:-256}" --rounds "${ROUNDS:-1}" \
+                  --method "${METHOD:-flash-cache}" 2>&1 | tail -8 | tee -a "$out/concurrent.log" ;;
     profile) timeout 300 python3 benchmarks/profile_step.py --geometry "${GEOMETRY:-llada-8b}" \
                --method "${PROFILE_METHOD:-flash-cache}" 2>&1 | tail -32 | tee "$out/profile.log" ;;
   esac

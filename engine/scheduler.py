@@ -1,9 +1,11 @@
 """Continuous batching: one loop owns the device and steps every request in flight together.
 
 Requests from Engine.submit (the page, the share link, the API) wait in arrival order. Each loop iteration
-admits at most one of them into a free slot of the running DecodeSession -- so nobody waits behind more than
-one step of another's prefill -- then runs one step over every occupied slot (the newcomer's first step reads
-its whole prompt, the others run their steady steps; engine/decode_loop.py). A sequence that ends or is
+admits waiting requests into free slots of the running DecodeSession while their prompts and answers fit one
+step's prefill budget (PREFILL_ROWS; always at least one request), so a burst of arrivals starts together and
+nobody waits behind more than one step of another's prefill; then it runs one step over every occupied slot
+(the newcomers' first step reads their whole prompts, the others run their steady steps;
+engine/decode_loop.py). A sequence that ends or is
 cancelled leaves its slot at once; the others never notice. Events go to each request's own callback with
 seq 0, a step or two after the device made them (the loop reads step records late, as decode_loop does).
 
@@ -32,7 +34,8 @@ import torch
 from flash_dllm.engine.requests import Request, RequestInfo
 from flash_dllm.engine.sequence import MASK
 
-MAX_SLOTS = 8  # sequences decoded together
+MAX_SLOTS = 16  # sequences decoded together
+PREFILL_ROWS = 4096  # query rows of newcomers' first steps admitted into one step (one request always may)
 POOL_STEP = 2048  # the KV pool grows by at least this many rows
 FREE_MARGIN = 0.85  # share of free device memory a pool may take
 
@@ -186,6 +189,20 @@ class Scheduler:
         self.shape = shape_key(s)
 
     # ---- admission ---------------------------------------------------------------------------------------
+    def admit(self, step: int) -> list[int]:
+        """Admit waiting requests in arrival order while they fit this batch and the step's prefill budget; the
+        slots they took."""
+        slots, rows = [], 0
+        while True:
+            head = self._head()
+            if head is None or (slots and rows + head.prompt_tokens + head.settings.gen_length > PREFILL_ROWS):
+                return slots
+            slot = self.admit_one(step)
+            if slot is None:
+                return slots
+            slots.append(slot)
+            rows += self.occupants[slot].rows
+
     def admit_one(self, step: int) -> int | None:
         """Load the head request into a free slot if it fits this batch; the slot, else None."""
         head = self._head()

@@ -1,7 +1,7 @@
 """The scheduler's step loop for one batch (engine/scheduler.py): admit, lay out, launch, read late, route.
 
-Each iteration: retire cancelled slots, admit at most one waiting request, lay out the step (the newcomer's
-whole prompt and fast-dllm's block starts run eagerly beside the others' steady steps; a step with only steady
+Each iteration: retire cancelled slots, admit waiting requests (within the step's prefill budget), lay out the
+step (the newcomers' whole prompts and fast-dllm's block starts run eagerly beside the others' steady steps; a step with only steady
 slots replays the graph of its slot-count bucket), launch it, and turn the records that are ready into each
 request's events. A record also says when a slot's sequence ended: its request is answered and its slot and KV
 rows are free for the next request at once.
@@ -48,13 +48,13 @@ class BatchRun:
         with stream:
             while True:
                 self._retire_cancelled()
-                admitted = self.scheduler.admit_one(self.step_index)
-                if admitted is not None:
-                    self._announce(admitted)
+                admitted = self.scheduler.admit(self.step_index)
+                for slot in admitted:
+                    self._announce(slot)
                 if not self.scheduler.occupants:
                     self._refuse_what_cannot_fit()
                     break
-                full = {admitted} if admitted is not None else set()
+                full = set(admitted)
                 if session.status_driven:  # fast-dllm: whose block starts follows the last record
                     full |= {s for s in self.scheduler.occupants if bool(self.previous.full_next[s])}
                 started = time.perf_counter()

@@ -50,7 +50,8 @@ def submit_all(engine: Engine, jobs, gap_s: float = 0.0):
 @pytest.mark.parametrize("variant", [{}, dict(method="flash-verify", gamma=0.3), dict(method="fast-dllm"),
                                      dict(method="llada"), dict(temperature=0.8, seed=7)])
 def test_concurrent_requests_get_their_solo_answers_and_events(engine, variant):
-    jobs = [(p, settings(**variant)) for p in PROMPTS]  # more requests than slots: some wait for a free one
+    many = PROMPTS + PROMPTS[:scheduler_module.MAX_SLOTS + 1 - len(PROMPTS)]
+    jobs = [(p, settings(**variant)) for p in many]  # more requests than slots: some wait for a free one
     expected = [solo(engine, p, s) for p, s in jobs]
     got = submit_all(engine, jobs, gap_s=0.003)
     assert [r.token_ids for r, _ in got] == [r.token_ids for r, _ in expected]
@@ -73,6 +74,31 @@ def test_per_sequence_settings_mix_in_one_batch(engine):
         assert [len(r.token_ids) <= s.gen_length for (r, _), (_, s) in zip(got, group)] == [True] * len(group)
 
 
+def test_a_burst_of_requests_is_admitted_into_one_step_within_the_prefill_budget(engine, monkeypatch):
+    admitted = []
+    admit = scheduler_module.Scheduler.admit
+
+    def recording(self, step):
+        slots = admit(self, step)
+        admitted.append(len(slots)) if slots else None
+        return slots
+
+    monkeypatch.setattr(scheduler_module.Scheduler, "admit", recording)
+    jobs = [(p, settings()) for p in PROMPTS[:6]]
+    with engine._lock:  # the loop waits, so all six are waiting when it looks
+        requests = [engine.submit(p, s) for p, s in jobs]
+        time.sleep(0.05)
+    assert [r.result(60).token_ids for r in requests] == [solo(engine, p, s)[0].token_ids for p, s in jobs]
+    assert admitted[0] == 6
+    admitted.clear()
+    monkeypatch.setattr(scheduler_module, "PREFILL_ROWS", 1)  # a budget below one request: one per step
+    with engine._lock:
+        requests = [engine.submit(p, s) for p, s in jobs[:3]]
+        time.sleep(0.05)
+    [r.result(60) for r in requests]
+    assert admitted == [1, 1, 1]
+
+
 def test_a_cancelled_request_stops_and_the_others_are_untouched(engine):
     s = settings(gen_length=64, threshold=0.99)
     expected = [solo(engine, p, s)[0].token_ids for p in PROMPTS[:4]]
@@ -88,7 +114,7 @@ def test_a_cancelled_request_stops_and_the_others_are_untouched(engine):
 
 def test_a_request_cancelled_while_waiting_never_runs(engine):
     s = settings(gen_length=64, threshold=0.99)
-    running = [engine.submit(p, s) for p in PROMPTS[:8]]  # every slot taken
+    running = [engine.submit(p, s) for p in (PROMPTS * 2)[:scheduler_module.MAX_SLOTS]]  # every slot taken
     waiting = engine.submit(PROMPTS[9], s)
     waiting.cancel()
     result = waiting.result(60)
