@@ -5,21 +5,21 @@ Pairs: the T * K (token, slot) pairs, pair p = t * K + k, routed to expert topk_
   1. routing (torch, on the device, no host sync): a stable sort of the flat expert ids gives `sorted_pairs`
      (pair ids grouped by expert) and a search of the sorted ids gives `expert_start` [E + 1] (expert e owns
      sorted rows expert_start[e] .. expert_start[e + 1] - 1);
-  2. `_gate_up_kernel`: each program owns one M tile (up to BLOCK_M rows of ONE expert) and BLOCK_F columns
+  2. `_tile_schedule_kernel` (one program): expert e needs cdiv(count_e, BLOCK_M) M tiles; it numbers the
+     tiles of all experts in expert order and writes each tile's (expert, first row, end row);
+  3. `_gate_up_kernel`: each program owns one M tile (up to BLOCK_M rows of ONE expert) and BLOCK_F columns
      of F. It gathers its tokens' x rows and multiplies them by the expert's gate and up rows, read
      interleaved (gate f, up f, gate f+1, ...) so one dot as wide as the tile yields both and the epilogue
      splits them in registers: act = silu(gate) * up, stored in x's dtype at the sorted row;
-  3. `_down_kernel`: the same M tiles times the expert's w_down, fp32, stored at the *pair's* row of a
+  4. `_down_kernel`: the same M tiles times the expert's w_down, fp32, stored at the *pair's* row of a
      [T * K, D] fp32 buffer (not the sorted row), so
-  4. `_sum_pairs_kernel` adds each token's K rows in slot order k = 0 .. K-1, weighted, and rounds once:
+  5. `_sum_pairs_kernel` adds each token's K rows in slot order k = 0 .. K-1, weighted, and rounds once:
      no atomics anywhere, so the result is bit-reproducible.
 
-Tile schedule: expert e needs cdiv(count_e, BLOCK_M) M tiles; the tiles of all experts are numbered in expert
-order and each program finds its (expert, first row) from `expert_start` alone (a cumulative sum over E in
-registers). The grid is sized for the worst case, `max_m_tiles` (a static bound, so CUDA graphs can capture
-it); programs past the real tile count return at once. Experts with no rows get no tile, so their weights
-are never read, and an expert's weights are read once per column block whatever its token count (several
-times only when its rows span several M tiles, i.e. at prefill sizes where the GEMM is compute bound).
+The GEMM grids are sized for the worst case, `max_m_tiles` (a static bound, so CUDA graphs can capture them);
+programs past the real tile count return at once. Experts with no rows get no tile, so their weights are never
+read, and an expert's weights are read once per column block whatever its token count (several times only
+when its rows span several M tiles, i.e. at prefill sizes where the GEMM is compute bound).
 
 Launch sizes (`MoETiles`) are picked per call shape by `choose_tiles` from the average rows per expert and
 cached; tests and benchmarks pass their own. Interpreted runs upcast bf16 after loads (the interpreter's bf16
@@ -98,6 +98,7 @@ def _tile_schedule_kernel(expert_start_ptr, schedule_ptr, n_experts, m_tiles,
         tile = chunk + tl.arange(0, CHUNK)
         # tile i belongs to the first expert whose tiles end after i; experts without rows are skipped
         expert = tl.sum((tiles_end[None, :] <= tile[:, None]).to(tl.int32), axis=1)
+        expert = tl.minimum(expert, n_experts)  # padding lanes count too once tile passes the total
         mine = e[None, :] == expert[:, None]
         first_tile = tl.sum(tl.where(mine, (tiles_end - tiles)[None, :], 0), axis=1)
         row0 = tl.sum(tl.where(mine, start[None, :], 0), axis=1) + (tile - first_tile) * BLOCK_M
@@ -242,9 +243,11 @@ def moe_launch(n_tokens: int, top_k: int, n_experts: int, d_model: int, ffn: int
                 "num_warps": 4}
     gemm_meta = {"BLOCK_M": tiles.block_m, "BLOCK_K": tiles.block_k, "UPCAST": _INTERPRETED,
                  "DOT_PRECISION": dot_precision(dtype), "num_warps": tiles.warps, "num_stages": tiles.stages}
-    return MoELaunch(tiles, m_tiles, schedule_meta, (m_tiles, triton.cdiv(ffn, tiles.block_f)),
-                     (m_tiles, triton.cdiv(d_model, tiles.block_d)), (triton.cdiv(n_tokens, sum_rows), triton.cdiv(d_model, sum_block)),
-                     sum_meta, gemm_meta)
+    return MoELaunch(tiles, m_tiles, schedule_meta,
+                     gate_up_grid=(m_tiles, triton.cdiv(ffn, tiles.block_f)),
+                     down_grid=(m_tiles, triton.cdiv(d_model, tiles.block_d)),
+                     sum_grid=(triton.cdiv(n_tokens, sum_rows), triton.cdiv(d_model, sum_block)),
+                     sum_meta=sum_meta, gemm_meta=gemm_meta)
 
 
 def route_pairs(topk_ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
