@@ -5,8 +5,8 @@ Pairs: the T * K (token, slot) pairs, pair p = t * K + k, routed to expert topk_
   1. routing (torch, on the device, no host sync): a stable sort of the flat expert ids gives `sorted_pairs`
      (pair ids grouped by expert) and a search of the sorted ids gives `expert_start` [E + 1] (expert e owns
      sorted rows expert_start[e] .. expert_start[e + 1] - 1);
-  2. `_tile_schedule_kernel` (one program): expert e needs cdiv(count_e, BLOCK_M) M tiles; it numbers the
-     tiles of all experts in expert order and writes each tile's (expert, first row, end row);
+  2. `_tile_schedule_kernel` (one program): expert e needs cdiv(count_e, BLOCK_M) M tiles; the tiles of all
+     experts are numbered in expert order, each with its (expert, first row, end row);
   3. `_gate_up_kernel`: each program owns one M tile (up to BLOCK_M rows of ONE expert) and BLOCK_F columns
      of F. It gathers its tokens' x rows and multiplies them by the expert's gate and up rows, read
      interleaved (gate f, up f, gate f+1, ...) so one dot as wide as the tile yields both and the epilogue
@@ -87,26 +87,27 @@ def max_m_tiles(n_pairs: int, n_experts: int, block_m: int) -> int:
 def _tile_schedule_kernel(expert_start_ptr, schedule_ptr, n_experts, m_tiles,
                           BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
     """One program: for every M tile i < m_tiles, schedule[0, i] = its expert (n_experts past the last real
-    tile), schedule[1, i] = its first sorted row, schedule[2, i] = its expert's end row."""
+    tile), schedule[1, i] = its first sorted row, schedule[2, i] = its expert's end row.
+
+    Every expert writes its own tiles, one tile of each expert per step, so the work is E lanes times the most
+    tiles any expert has (1 or 2 at decode sizes) plus one pass that marks the unused tail of the grid."""
     e = tl.arange(0, BLOCK_E)
     real = e < n_experts
     start = tl.load(expert_start_ptr + e, mask=real, other=0)
     end = tl.load(expert_start_ptr + e + 1, mask=real, other=0)
-    tiles = (end - start + BLOCK_M - 1) // BLOCK_M
-    tiles_end = tl.cumsum(tiles, axis=0)  # padding lanes add no tiles, so they sit at the total
+    tiles = (end - start + BLOCK_M - 1) // BLOCK_M  # padding lanes have none
+    first_tile = tl.cumsum(tiles, axis=0) - tiles
+    n_real = tl.sum(tiles, axis=0)
     for chunk in range(0, m_tiles, CHUNK):
         tile = chunk + tl.arange(0, CHUNK)
-        # tile i belongs to the first expert whose tiles end after i; experts without rows are skipped
-        expert = tl.sum((tiles_end[None, :] <= tile[:, None]).to(tl.int32), axis=1)
-        expert = tl.minimum(expert, n_experts)  # padding lanes count too once tile passes the total
-        mine = e[None, :] == expert[:, None]
-        first_tile = tl.sum(tl.where(mine, (tiles_end - tiles)[None, :], 0), axis=1)
-        row0 = tl.sum(tl.where(mine, start[None, :], 0), axis=1) + (tile - first_tile) * BLOCK_M
-        row_end = tl.sum(tl.where(mine, end[None, :], 0), axis=1)
-        in_grid = tile < m_tiles
-        tl.store(schedule_ptr + tile, expert, mask=in_grid)
-        tl.store(schedule_ptr + m_tiles + tile, row0, mask=in_grid)
-        tl.store(schedule_ptr + 2 * m_tiles + tile, row_end, mask=in_grid)
+        past = (tile >= n_real) & (tile < m_tiles)
+        tl.store(schedule_ptr + tile, tl.full([CHUNK], 0, tl.int32) + n_experts, mask=past)
+    for j in range(0, tl.max(tiles, axis=0)):
+        has = j < tiles
+        slot = first_tile + j
+        tl.store(schedule_ptr + slot, e, mask=has)
+        tl.store(schedule_ptr + m_tiles + slot, start + j * BLOCK_M, mask=has)
+        tl.store(schedule_ptr + 2 * m_tiles + slot, end, mask=has)
 
 
 @triton.jit
@@ -233,10 +234,8 @@ def moe_launch(n_tokens: int, top_k: int, n_experts: int, d_model: int, ffn: int
     n_pairs = n_tokens * top_k
     tiles = tiles or choose_tiles(n_pairs, n_experts)
     m_tiles = max_m_tiles(n_pairs, n_experts, tiles.block_m)
-    block_e = triton.next_power_of_2(n_experts)
-    # the schedule's [CHUNK, BLOCK_E] comparisons stay near 16K elements
-    schedule_meta = {"BLOCK_M": tiles.block_m, "BLOCK_E": block_e,
-                     "CHUNK": max(1, min(triton.next_power_of_2(m_tiles), 16384 // block_e)), "num_warps": 4}
+    schedule_meta = {"BLOCK_M": tiles.block_m, "BLOCK_E": triton.next_power_of_2(n_experts),
+                     "CHUNK": min(1024, triton.next_power_of_2(m_tiles)), "num_warps": 4}
     sum_block = min(_MAX_SUM_BLOCK, triton.next_power_of_2(d_model))
     sum_rows = min(_MAX_SUM_BLOCK // sum_block, triton.next_power_of_2(n_tokens))  # narrow rows: several a program
     sum_meta = {"TOP_K": top_k, "ROWS": sum_rows, "BLOCK_D": sum_block, "ROUND_BF16_BY_BITS": _INTERPRETED,
