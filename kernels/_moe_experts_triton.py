@@ -2,11 +2,11 @@
 
 Pairs: the T * K (token, slot) pairs, pair p = t * K + k, routed to expert topk_ids[t, k]. One call runs
 
-  1. routing (torch, on the device, no host sync): a stable sort of the flat expert ids gives `sorted_pairs`
-     (pair ids grouped by expert) and a search of the sorted ids gives `expert_start` [E + 1] (expert e owns
-     sorted rows expert_start[e] .. expert_start[e + 1] - 1);
-  2. `_tile_schedule_kernel` (one program): expert e needs cdiv(count_e, BLOCK_M) M tiles; the tiles of all
-     experts are numbered in expert order, each with its (expert, first row, end row);
+  1. a stable sort of the flat expert ids (torch, on the device, no host sync) gives `sorted_ids` and
+     `sorted_pairs` (pair ids grouped by expert: sorted row r holds pair sorted_pairs[r]);
+  2. `_tile_schedule_kernel` (one program) finds each expert's rows start_e .. end_e - 1 by a binary search
+     of sorted_ids; expert e needs cdiv(end_e - start_e, BLOCK_M) M tiles, and the tiles of all experts are
+     numbered in expert order, each with its (expert, first row, end row);
   3. `_gate_up_kernel`: each program owns one M tile (up to BLOCK_M rows of ONE expert) and BLOCK_F columns
      of F. It gathers its tokens' x rows and multiplies them by the expert's gate and up rows, read
      interleaved (gate f, up f, gate f+1, ...) so one dot as wide as the tile yields both and the epilogue
@@ -84,7 +84,21 @@ def max_m_tiles(n_pairs: int, n_experts: int, block_m: int) -> int:
 
 
 @triton.jit
-def _tile_schedule_kernel(expert_start_ptr, schedule_ptr, n_experts, m_tiles,
+def _first_row_of(sorted_ids_ptr, n_pairs, search_steps, expert):
+    """Per lane: how many sorted ids are below `expert` (its first sorted row): lower_bound by bisection."""
+    lo = tl.zeros_like(expert)
+    hi = lo + n_pairs
+    for _ in range(search_steps):  # ceil(log2(n_pairs + 1)) halvings close every interval
+        open_ = lo < hi
+        mid = (lo + hi) // 2
+        below = tl.load(sorted_ids_ptr + mid, mask=open_, other=0) < expert
+        lo = tl.where(open_ & below, mid + 1, lo)
+        hi = tl.where(open_ & ~below, mid, hi)
+    return lo
+
+
+@triton.jit
+def _tile_schedule_kernel(sorted_ids_ptr, schedule_ptr, n_pairs, search_steps, n_experts, m_tiles,
                           BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
     """One program: for every M tile i < m_tiles, schedule[0, i] = its expert (n_experts past the last real
     tile), schedule[1, i] = its first sorted row, schedule[2, i] = its expert's end row.
@@ -93,9 +107,9 @@ def _tile_schedule_kernel(expert_start_ptr, schedule_ptr, n_experts, m_tiles,
     tiles any expert has (1 or 2 at decode sizes) plus one pass that marks the unused tail of the grid."""
     e = tl.arange(0, BLOCK_E)
     real = e < n_experts
-    start = tl.load(expert_start_ptr + e, mask=real, other=0)
-    end = tl.load(expert_start_ptr + e + 1, mask=real, other=0)
-    tiles = (end - start + BLOCK_M - 1) // BLOCK_M  # padding lanes have none
+    start = _first_row_of(sorted_ids_ptr, n_pairs, search_steps, e)
+    end = _first_row_of(sorted_ids_ptr, n_pairs, search_steps, e + 1)
+    tiles = tl.where(real, (end - start + BLOCK_M - 1) // BLOCK_M, 0)
     first_tile = tl.cumsum(tiles, axis=0) - tiles
     n_real = tl.sum(tiles, axis=0)
     for chunk in range(0, m_tiles, CHUNK):
@@ -249,18 +263,12 @@ def moe_launch(n_tokens: int, top_k: int, n_experts: int, d_model: int, ffn: int
                      sum_meta=sum_meta, gemm_meta=gemm_meta)
 
 
-def route_pairs(topk_ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted_pairs [T*K] int64: pair ids grouped by expert, expert_start [E+1] int32), on the device, no sync."""
-    flat_ids = topk_ids.reshape(-1)
-    sorted_ids, sorted_pairs = torch.sort(flat_ids, stable=True)
-    boundaries = torch.arange(n_experts + 1, dtype=flat_ids.dtype, device=flat_ids.device)
-    return sorted_pairs, torch.searchsorted(sorted_ids, boundaries, out_int32=True)
-
-
-def tile_schedule(expert_start: torch.Tensor, launch: MoELaunch) -> torch.Tensor:
-    """[3, m_tiles] int32: per M tile its expert (E past the last real tile), first sorted row, end row."""
-    schedule = torch.empty((3, launch.m_tiles), dtype=torch.int32, device=expert_start.device)
-    _tile_schedule_kernel[(1,)](expert_start, schedule, expert_start.numel() - 1, launch.m_tiles,
+def tile_schedule(sorted_ids: torch.Tensor, launch: MoELaunch, n_experts: int) -> torch.Tensor:
+    """[3, m_tiles] int32 from the expert-sorted ids: per M tile its expert (E past the last real tile), first
+    sorted row, end row. One launch, no host sync."""
+    schedule = torch.empty((3, launch.m_tiles), dtype=torch.int32, device=sorted_ids.device)
+    n_pairs = sorted_ids.numel()
+    _tile_schedule_kernel[(1,)](sorted_ids, schedule, n_pairs, n_pairs.bit_length(), n_experts, launch.m_tiles,
                                 **launch.schedule_meta)
     return schedule
 
@@ -275,8 +283,8 @@ def moe_experts_triton(x, topk_ids, topk_weights, w_gate_up, w_down, out=None, t
         return out
     launch = moe_launch(n_tokens, top_k, n_experts, d_model, ffn, x.dtype, tiles)
     tiles, meta = launch.tiles, launch.gemm_meta
-    sorted_pairs, expert_start = route_pairs(topk_ids, n_experts)
-    schedule = tile_schedule(expert_start, launch)
+    sorted_ids, sorted_pairs = torch.sort(topk_ids.reshape(-1), stable=True)
+    schedule = tile_schedule(sorted_ids, launch, n_experts)
     act = x.new_empty((n_tokens * top_k, ffn))
     y = torch.empty((n_tokens * top_k, d_model), dtype=torch.float32, device=x.device)
     _gate_up_kernel[launch.gate_up_grid](

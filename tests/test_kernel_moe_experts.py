@@ -232,19 +232,22 @@ def test_max_m_tiles_bounds_every_split_of_the_rows():
     assert max_m_tiles(119, 7, 16) == 14  # CASES' (17, 7, 7): 7 experts x cdiv(17, 16) tiles, the bound is tight
 
 
-@pytest.mark.parametrize("counts", [[0, 0, 5, 0], [16, 17, 0, 1, 33, 0, 0], [3] * 64, [0] * 63 + [40]])
-def test_device_schedule_is_the_plain_tile_arithmetic(counts):
-    """The schedule kernel numbers the M tiles expert by expert, cdiv(count, block_m) each, the last partial."""
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("counts", [[0, 0, 5, 0], [16, 17, 0, 1, 33, 0, 0], [3] * 64, [0] * 63 + [40], [1]])
+def test_device_schedule_is_the_plain_tile_arithmetic(counts, id_dtype):
+    """From expert-sorted ids the schedule kernel finds each expert's rows and numbers the M tiles expert by
+    expert, cdiv(count, block_m) each, the last one partial; the rest of the grid is marked past the end."""
     from flash_dllm.kernels._moe_experts_triton import moe_launch, tile_schedule
 
-    block_m = 16
+    block_m = small_tiles().block_m
     n_experts, n_pairs = len(counts), sum(counts)
     top_k = 1 if n_pairs % 2 else 2
     launch = moe_launch(n_pairs // top_k, top_k, n_experts, 64, 64, torch.float32, small_tiles())
-    expert_start = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int32, device=DEVICE)
-    schedule = tile_schedule(expert_start, launch).cpu().tolist()
-    expected = [(e, start + i * block_m, start + count) for e, (start, count) in
-                enumerate(zip(expert_start.tolist(), counts)) for i in range(math.ceil(count / block_m))]
+    sorted_ids = torch.repeat_interleave(torch.arange(n_experts), torch.tensor(counts)).to(DEVICE, id_dtype)
+    schedule = tile_schedule(sorted_ids, launch, n_experts).cpu().tolist()
+    starts = [0, *itertools.accumulate(counts)]
+    expected = [(e, starts[e] + i * block_m, starts[e + 1]) for e, count in enumerate(counts)
+                for i in range(math.ceil(count / block_m))]
     expected += [(n_experts, None, None)] * (launch.m_tiles - len(expected))
     assert len(expected) == launch.m_tiles
     for tile, (expert, row0, row_end) in enumerate(expected):
@@ -266,7 +269,7 @@ def compile_for_gpu(capability: int) -> list[str]:
 
     aligned = {"d_model", "ffn", "stride_x", "stride_we", "stride_wn", "stride_act", "stride_y", "stride_out"}
     types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "act_ptr": "*bf16", "out_ptr": "*bf16", "y_ptr": "*fp32",
-             "weights_ptr": "*fp32", "sorted_pairs_ptr": "*i64", "schedule_ptr": "*i32", "expert_start_ptr": "*i32"}
+             "weights_ptr": "*fp32", "sorted_pairs_ptr": "*i64", "schedule_ptr": "*i32", "sorted_ids_ptr": "*i64"}
     lines = []
 
     def build(kernel, constants: dict, options: dict) -> None:
