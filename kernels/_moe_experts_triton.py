@@ -66,12 +66,13 @@ INTERPRETER_TILES = MoETiles(block_m=32, block_f=64, block_d=128, block_k=128, w
 
 
 def choose_tiles(n_pairs: int, n_experts: int) -> MoETiles:
-    """The tile sizes for a call: block_m from the mean rows per expert that got any (pairs spread evenly)."""
+    """The tile sizes for a call, from the mean rows per expert that got any (pairs spread evenly). Routing is
+    uneven, so block_m is meant to hold 1.5x the mean: most experts then fit one M tile and each weight block
+    is read once (an expert spilling into a second tile reads it again, mostly from L2)."""
     if _INTERPRETED:
         return INTERPRETER_TILES
-    rows_per_expert = n_pairs / max(1, min(n_experts, n_pairs))
-    block_m = 16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 48 else 64
-    return GPU_TILES[block_m]
+    rows_wanted = 1.5 * n_pairs / max(1, min(n_experts, n_pairs))
+    return GPU_TILES[16 if rows_wanted <= 16 else 32 if rows_wanted <= 32 else 64]
 
 
 def max_m_tiles(n_pairs: int, n_experts: int, block_m: int) -> int:
@@ -125,13 +126,15 @@ def _tile_schedule_kernel(sorted_ids_ptr, schedule_ptr, n_pairs, search_steps, n
 
 
 @triton.jit
-def _scheduled_tile(schedule_ptr, m_tiles):
-    """(expert, first sorted row, end sorted row) of this program's M tile."""
-    tile = tl.program_id(0)
+def _scheduled_tile(schedule_ptr, m_tiles, n_blocks):
+    """(expert, first sorted row, end sorted row, column block) of this program. The column blocks of one M tile
+    are consecutive programs, so its gathered x rows are read from memory once and then hit L2 (at prefill
+    sizes x is tens of MB); the weights do not care (each column block of an expert is read by its own tiles)."""
+    tile = tl.program_id(0) // n_blocks
     expert = tl.load(schedule_ptr + tile)
     row0 = tl.load(schedule_ptr + m_tiles + tile)
     row_end = tl.load(schedule_ptr + 2 * m_tiles + tile)
-    return expert, row0, row_end
+    return expert, row0, row_end, tl.program_id(0) % n_blocks
 
 
 @triton.jit
@@ -162,11 +165,11 @@ def _rows_dot(a_rows, w_cols, k_size, UPCAST: tl.constexpr, DOT_PRECISION: tl.co
 @triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, schedule_ptr, sorted_pairs_ptr, act_ptr,
-    n_experts, m_tiles, d_model, ffn, top_k, stride_x, stride_we, stride_wn, stride_act,
+    n_experts, m_tiles, n_blocks, d_model, ffn, top_k, stride_x, stride_we, stride_wn, stride_act,
     BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, ROUND_BF16_BY_BITS: tl.constexpr,
 ):
-    expert, row0, row_end = _scheduled_tile(schedule_ptr, m_tiles)
+    expert, row0, row_end, f_block = _scheduled_tile(schedule_ptr, m_tiles, n_blocks)
     if expert >= n_experts:
         return
     rows = row0 + tl.arange(0, BLOCK_M)
@@ -174,7 +177,7 @@ def _gate_up_kernel(
     tokens = (pairs // top_k).to(tl.int64)
     # Tile column c: F column f = c // 2; even c reads gate row f, odd c reads up row F + f.
     offs_c = tl.arange(0, 2 * BLOCK_F)
-    f_c = tl.program_id(1) * BLOCK_F + offs_c // 2
+    f_c = f_block * BLOCK_F + offs_c // 2
     w_rows = f_c % ffn + (offs_c % 2) * ffn
     w_expert = w_ptr + expert.to(tl.int64) * stride_we
     acc = _rows_dot(x_ptr + tokens * stride_x, w_expert + w_rows.to(tl.int64) * stride_wn, d_model,
@@ -182,7 +185,7 @@ def _gate_up_kernel(
     gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_F, 2]))
     act = gate / (1.0 + tl.exp(-gate)) * up
     act = round_to_storage(act, act_ptr.dtype.element_ty, ROUND_BF16_BY_BITS)
-    offs_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    offs_f = f_block * BLOCK_F + tl.arange(0, BLOCK_F)
     store_ok = (rows < row_end)[:, None] & (offs_f < ffn)[None, :]
     tl.store(act_ptr + rows.to(tl.int64)[:, None] * stride_act + offs_f[None, :], act, mask=store_ok)
 
@@ -190,16 +193,16 @@ def _gate_up_kernel(
 @triton.jit
 def _down_kernel(
     act_ptr, w_ptr, schedule_ptr, sorted_pairs_ptr, y_ptr,
-    n_experts, m_tiles, d_model, ffn, stride_act, stride_we, stride_wn, stride_y,
+    n_experts, m_tiles, n_blocks, d_model, ffn, stride_act, stride_we, stride_wn, stride_y,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    expert, row0, row_end = _scheduled_tile(schedule_ptr, m_tiles)
+    expert, row0, row_end, d_block = _scheduled_tile(schedule_ptr, m_tiles, n_blocks)
     if expert >= n_experts:
         return
     rows = row0 + tl.arange(0, BLOCK_M)
     rows_in = tl.minimum(rows, row_end - 1)
-    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_d = d_block * BLOCK_D + tl.arange(0, BLOCK_D)
     w_expert = w_ptr + expert.to(tl.int64) * stride_we
     acc = _rows_dot(act_ptr + rows_in.to(tl.int64) * stride_act, w_expert + (offs_d % d_model).to(tl.int64) * stride_wn,
                     ffn, UPCAST, DOT_PRECISION, EVEN_K, BLOCK_M, BLOCK_D, BLOCK_K)
@@ -233,10 +236,10 @@ class MoELaunch:
     """Grids and constexprs of one call shape (tokens, top-k, experts, widths, dtype), built once per shape."""
 
     tiles: MoETiles
-    m_tiles: int  # grid rows of both GEMMs: max_m_tiles(...)
+    m_tiles: int  # M tiles the GEMM grids cover: max_m_tiles(...)
     schedule_meta: dict
-    gate_up_grid: tuple[int, int]
-    down_grid: tuple[int, int]
+    f_blocks: int  # gate/up GEMM column blocks (its grid: m_tiles * f_blocks programs)
+    d_blocks: int  # down GEMM column blocks
     sum_grid: tuple[int, int]
     sum_meta: dict
     gemm_meta: dict  # constexprs shared by the two GEMMs
@@ -257,8 +260,7 @@ def moe_launch(n_tokens: int, top_k: int, n_experts: int, d_model: int, ffn: int
     gemm_meta = {"BLOCK_M": tiles.block_m, "BLOCK_K": tiles.block_k, "UPCAST": _INTERPRETED,
                  "DOT_PRECISION": dot_precision(dtype), "num_warps": tiles.warps, "num_stages": tiles.stages}
     return MoELaunch(tiles, m_tiles, schedule_meta,
-                     gate_up_grid=(m_tiles, triton.cdiv(ffn, tiles.block_f)),
-                     down_grid=(m_tiles, triton.cdiv(d_model, tiles.block_d)),
+                     f_blocks=triton.cdiv(ffn, tiles.block_f), d_blocks=triton.cdiv(d_model, tiles.block_d),
                      sum_grid=(triton.cdiv(n_tokens, sum_rows), triton.cdiv(d_model, sum_block)),
                      sum_meta=sum_meta, gemm_meta=gemm_meta)
 
@@ -287,15 +289,15 @@ def moe_experts_triton(x, topk_ids, topk_weights, w_gate_up, w_down, out=None, t
     schedule = tile_schedule(sorted_ids, launch, n_experts)
     act = x.new_empty((n_tokens * top_k, ffn))
     y = torch.empty((n_tokens * top_k, d_model), dtype=torch.float32, device=x.device)
-    _gate_up_kernel[launch.gate_up_grid](
+    _gate_up_kernel[(launch.m_tiles * launch.f_blocks,)](
         x, w_gate_up, schedule, sorted_pairs, act,
-        n_experts, launch.m_tiles, d_model, ffn, top_k, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1),
+        n_experts, launch.m_tiles, launch.f_blocks, d_model, ffn, top_k, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1),
         act.stride(0), BLOCK_F=tiles.block_f, EVEN_K=d_model % tiles.block_k == 0, ROUND_BF16_BY_BITS=_INTERPRETED,
         **meta,
     )
-    _down_kernel[launch.down_grid](
+    _down_kernel[(launch.m_tiles * launch.d_blocks,)](
         act, w_down, schedule, sorted_pairs, y,
-        n_experts, launch.m_tiles, d_model, ffn, act.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0),
+        n_experts, launch.m_tiles, launch.d_blocks, d_model, ffn, act.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0),
         BLOCK_D=tiles.block_d, EVEN_K=ffn % tiles.block_k == 0, **meta,
     )
     _sum_pairs_kernel[launch.sum_grid](
