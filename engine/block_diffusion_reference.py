@@ -43,6 +43,10 @@ def llada2_commit_indices(confidences: list[float], threshold: float, quota: int
 def run_block_reference(model: DiffusionLM, settings: GenerationSettings, states: list[SequenceState],
                         emit=lambda event: None, piece=str, cancel: threading.Event | None = None) -> None:
     """Decode every sequence to its end (or until cancelled), each step a full forward over its prefix."""
+    if settings.method != "block-diffusion":
+        # Flash-Verify's pass reads the K/V that the draft forward left in the cache (stale by design for the
+        # cells it re-presents), which a cache-free forward cannot express: no plain reference for it.
+        raise NotImplementedError(f"{settings.method} has no plain host reference (see engine/block_diffusion.py)")
     B = model.config.block_size
     steps_per_block = settings.total_steps // settings.n_blocks
     schedule = split_evenly(B, steps_per_block)

@@ -243,3 +243,37 @@ def test_block_diffusion_method_reports_its_blocks():
     assert plan.cells[0].tolist() == [0, 1, 2, -1, -1, -1, -1, -1]  # cells 0-2 share block 1 with the prompt
     assert plan.in_query[0].nonzero().flatten().tolist() == list(range(16))  # first step: the whole prefix
     assert plan.in_query[1].nonzero().flatten().tolist() == list(range(24))
+
+
+def test_flash_verify_inside_the_block_accepting_nothing_changes_nothing(engine):
+    """gamma above 1 rejects every draft: the verify pass (scratch rows only, later blocks hidden) must leave
+    the draft path's tokens exactly as plain block-diffusion commits them."""
+    plain = engine.generate(PROMPTS, settings(threshold=0.6))
+    verified = engine.generate(PROMPTS, settings(method="block-diffusion-verify", threshold=0.6, gamma=1.5))
+    assert [r.token_ids for r in verified] == [r.token_ids for r in plain]
+    assert [r.forward_passes - r.verify_passes for r in verified] == [r.forward_passes for r in plain]
+    assert all(r.verify_passes > 0 and r.accepted_drafts == 0 for r in verified)
+
+
+def test_flash_verify_inside_the_block_accepts_drafts_and_saves_steps(engine):
+    s = settings(method="block-diffusion-verify", threshold=0.6, gamma=0.05, acceptance="cumulative")
+    first = engine.generate(PROMPTS, s)
+    assert sum(r.accepted_drafts for r in first) > 0
+    assert sum(r.steps for r in first) < sum(r.steps for r in engine.generate(PROMPTS, settings(threshold=0.6)))
+    assert [r.token_ids for r in engine.generate(PROMPTS, s)] == [r.token_ids for r in first]
+    assert [r.token_ids for r in engine.generate(PROMPTS[:1], s)] == [first[0].token_ids]  # alone = in a batch
+
+
+def test_flash_verify_inside_the_block_never_reads_past_the_block(engine):
+    """Whatever the cache holds past the current block's end (never written this call, or another call's),
+    the verify pass must not see it: garbage there changes no decision."""
+    s = settings(method="block-diffusion-verify", threshold=0.6, gamma=0.05, acceptance="cumulative")
+    engine._decode = None
+    clean = engine.generate(PROMPTS, s)
+    cache = engine._decode[1].cache
+    generator = torch.Generator().manual_seed(0)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=generator) * 30)
+    cache.v.copy_(torch.randn(cache.v.shape, generator=generator) * 30)
+    dirty = engine.generate(PROMPTS, s)
+    assert [(r.token_ids, r.accepted_drafts, r.steps) for r in dirty] == \
+        [(r.token_ids, r.accepted_drafts, r.steps) for r in clean]
