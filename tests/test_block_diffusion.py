@@ -277,3 +277,31 @@ def test_flash_verify_inside_the_block_never_reads_past_the_block(engine):
     dirty = engine.generate(PROMPTS, s)
     assert [(r.token_ids, r.accepted_drafts, r.steps) for r in dirty] == \
         [(r.token_ids, r.accepted_drafts, r.steps) for r in clean]
+
+
+def test_the_canvas_shows_block_diffusion_blocks_where_they_are_and_as_they_complete(engine):
+    import re
+
+    from flash_dllm.app.canvas import Canvas
+    from flash_dllm.engine.events import CanvasStart
+
+    events = []
+    engine.generate(PROMPTS[:1], settings(threshold=0.6), on_event=events.append)
+    canvas = Canvas.from_start(next(e for e in events if isinstance(e, CanvasStart)))
+    steps = [e for e in events if getattr(e, "kind", "") == "step"]
+    prompt_len = len(engine.tokenizer.encode(PROMPTS[0]))
+    first = BLOCK - prompt_len % BLOCK  # answer cells that share the prompt's last block
+
+    def classes() -> list[set[str]]:
+        cells = canvas.render().split('<div class="fd-cells">', 1)[1].split('<div class="fd-legend">')[0]
+        return [set(m.split()) for m in re.findall(r'<i class="(k [^"]*)"', cells)]
+
+    canvas.apply(steps[0])
+    assert [i for i, c in enumerate(classes()) if "b" in c] == list(range(first, 32, BLOCK))
+    for event in steps[1:]:
+        canvas.apply(event)
+        done = [i for i, c in enumerate(classes()) if "x" in c]
+        complete = [b for b in [range(0, first)] + [range(s, min(s + BLOCK, 32)) for s in range(first, 32, BLOCK)]
+                    if all(canvas.state[c] != "masked" for c in b)]
+        assert done == sorted(c for b in complete for c in b if canvas.state[c] == "committed")
+    assert len(done) == 32 - canvas.padding_cells
