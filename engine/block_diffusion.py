@@ -245,3 +245,16 @@ def check_model_and_method(config, method: DeviceMethod) -> None:
     message = model_refusal(block is not None, block, config.block_size)
     if message:
         raise SettingsError(message)
+
+
+def benchmark_config(config, method: str, block: int):
+    """The config one benchmark cell times. A block method on a model without a block size times the same
+    weights under a block-causal mask of `block` positions (random or foreign weights: only time is measured,
+    and a step costs the same whatever mask the weights were trained with); any other cell, the model as is."""
+    from dataclasses import replace
+
+    from flash_dllm.engine.settings import BLOCK_METHODS
+
+    if method in BLOCK_METHODS and not config.block_size:
+        return replace(config, block_size=block)
+    return config
