@@ -81,7 +81,7 @@ class BlockDiffusion(DeviceMethod):
         self.stale.zero_()
 
     def reset_slot(self, canvas: DeviceCanvas, slot: int) -> None:
-        self.block[slot] = int(canvas.prompt_len[slot]) // self.block_size
+        self.block[slot].copy_(torch.div(canvas.prompt_len[slot], self.block_size, rounding_mode="floor"))
         self.step_in_block[slot] = 0
         self.stale[slot] = False
 

@@ -8,6 +8,12 @@ A method is put together from three parts, each with its own documented call ord
     engine/device_verify.py), which the loop calls when the method has one.
 `build_device` gives the production decoder's method (tensor operations, CUDA-graph friendly) and
 `build_reference` the host reference it is tested against. Importing this module imports no torch.
+
+Which methods decode which family: bidirectional models (LLaDA-8B, LLaDA-1.5, Dream) take llada, fast-dllm,
+flash-cache and flash-verify (Flash-Cache's selective refresh exists because bidirectional K/V go stale);
+block-diffusion models (LLaDA2: ModelConfig.block_size, attention causal across blocks) take only the
+`block_causal` methods, whose committed blocks are cached exactly and never refreshed. settings.model_refusal
+words the refusal of every other pairing.
 """
 from __future__ import annotations
 
