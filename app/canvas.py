@@ -9,7 +9,11 @@ Nothing here decodes tokens: pieces come from the engine.
 Cell classes (assets/canvas.css): ``m`` masked, ``c`` committed (``--t`` = step it committed, ``--c`` =
 confidence; the frame's ``--n`` = current step, so the colour says *when* relative to now), ``e`` the end
 token, ``p`` EOS padding, ``w`` in the current window, ``f`` committed this step, ``a`` accepted draft,
-``r`` rejected draft (the masked cell shows the rejected piece struck through), ``b`` first cell of a block.
+``r`` rejected draft (the masked cell shows the rejected piece struck through), ``b`` first cell of a block,
+``x`` a committed cell of a completed block of block diffusion (cached once, never recomputed).
+
+Block diffusion aligns its blocks to absolute positions, so the answer's first block may be short: its first
+step's window (every cell of the first block, all still masked) says where the blocks start.
 """
 from __future__ import annotations
 
@@ -63,6 +67,8 @@ class Canvas:
     accepted: set = field(default_factory=set)
     rejected: dict = field(default_factory=dict)  # cell -> rejected draft piece
     events: list[StepEvent] = field(default_factory=list)
+    block_phase: int = 0  # blocks start at the cells congruent to this (block diffusion: from its first window)
+    cached: set = field(default_factory=set)  # committed cells of completed blocks (block diffusion)
     finish_reason: str = ""
     _fragments: list[str] = field(default_factory=list, repr=False)
     _dirty: set = field(default_factory=set, repr=False)
@@ -105,9 +111,27 @@ class Canvas:
             if start > 0:
                 dirty.add(start - 1)  # the end token's cell changes class
             self.padding_from = start
+        if self.method.startswith("block-diffusion"):
+            self._follow_blocks(event)
         self.steps = event.step + 1
         if self.record:
             self.events.append(event)
+
+    def _block_of(self, cell: int) -> range:
+        start = cell - (cell - self.block_phase) % self.block_length
+        return range(max(start, 0), min(start + self.block_length, self.gen_length))
+
+    def _follow_blocks(self, event: StepEvent) -> None:
+        """Block diffusion: learn where blocks start (first step), and mark the blocks this step completed."""
+        if event.step == 0 and event.window:
+            self.block_phase = (max(event.window) + 1) % self.block_length
+            self._dirty |= set(range(self.gen_length))
+        for cell in {block.start for block in map(self._block_of, event.committed)}:
+            block = self._block_of(cell)
+            if all(self.state[c] != MASKED for c in block):
+                done = {c for c in block if self.state[c] == COMMITTED}
+                self.cached |= done
+                self._dirty |= done
 
     def apply_all(self, events) -> None:
         for event in events:
@@ -149,8 +173,10 @@ class Canvas:
     def cell_fragment(self, cell: int) -> str:
         state = self.state[cell]
         classes = ["k", CELL_CLASS[state]]
-        if cell % self.block_length == 0 and cell:
+        if (cell - self.block_phase) % self.block_length == 0 and cell:
             classes.append("b")
+        if cell in self.cached:
+            classes.append("x")
         if cell in self.window:
             classes.append("w")
         style, title, text = "", "", ""
@@ -164,7 +190,8 @@ class Canvas:
                 classes.append("a")
             conf = self.confidence[cell]
             style = f' style="--t:{self.commit_step[cell]};--c:{conf:.2f}"'
-            title = f"#{cell} step {self.commit_step[cell]} p={conf:.2f}" + (" end" if end_cell else "")
+            title = f"#{cell} step {self.commit_step[cell]} p={conf:.2f}" + (" end" if end_cell else "") + (
+                " (block cached)" if cell in self.cached else "")
             text = html.escape(display_piece(self.pieces[cell]))
         elif state == PADDING:
             title = f"#{cell} EOS padding"

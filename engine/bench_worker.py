@@ -118,7 +118,18 @@ def run_generation(engine, prompts, settings, stop_after: int):
 
 
 def measure(engine, method: str, batch: int, args) -> dict:
+    from flash_dllm.engine.block_diffusion import benchmark_config
+
     block = 32 if args.gen_length % 32 == 0 else args.gen_length
+    model_config = engine.model.config  # a block method's cell times a block-causal variant of the geometry
+    engine.model.config = benchmark_config(model_config, method, block)
+    try:
+        return _measure(engine, method, batch, args, block)
+    finally:
+        engine.model.config = model_config
+
+
+def _measure(engine, method: str, batch: int, args, block: int) -> dict:
     settings = GenerationSettings(method=method, gen_length=args.gen_length, block_length=block, threshold=0.9,
                                   gamma=0.8, seed=0, use_chat_template=False)
     prompts = random_prompts(engine, batch, args.prompt_length, seed=batch)

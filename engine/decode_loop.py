@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flash_dllm.engine.block_diffusion import check_model_and_method
 from flash_dllm.engine.device_canvas import DeviceCanvas
 from flash_dllm.engine.device_plan import DeviceMethod
 from flash_dllm.engine.device_verify import Verifier, VerifyLayout
@@ -50,6 +51,7 @@ class DecodeSession:
                  verify: VerifySpec | None, sampling: bool, cfg_scale: float = 0.0, graphs: bool = True,
                  pool_rows: int | None = None):
         self.model, self.ops, self.method, self.canvas = model, ops, method, canvas
+        check_model_and_method(model.config, method)  # a block-diffusion model decodes only with its method
         backend = ops.backend
         self.sampling, self.cfg_scale = sampling, cfg_scale
         shift = model.config.shift_logits
@@ -71,6 +73,9 @@ class DecodeSession:
         # turns record k into events); 0 on the CPU, where a step is done when its call returns. Tests raise it
         # on the CPU to run the pipelined path. A method whose layout follows the data always reads at once.
         self.lag = 1 if cuda else 0
+        bind = getattr(method, "bind_session", None)  # a method with its own packing (block-diffusion)
+        if bind is not None:
+            bind(self)
 
     # ---- one step, device work only ----------------------------------------------------------------------
     def step(self, layouts: list[Layout]) -> None:

@@ -167,6 +167,9 @@ class Reference:
 def run_reference(model: DiffusionLM, ops: KernelOps, settings: GenerationSettings, states: list[SequenceState],
                   emit=lambda event: None, piece=str, cancel: threading.Event | None = None) -> None:
     """Decode until every sequence is done or cancelled, deciding on the host."""
+    own = METHODS[settings.method].host_reference
+    if own is not None:  # a method whose reference is its own plain decoder (block-diffusion)
+        return own(model, ops, settings, states, emit, piece, cancel)
     reference = Reference(model, ops, settings, states)
     started = time.perf_counter()
     while active := [s for s in states if not s.done]:

@@ -8,6 +8,12 @@ A method is put together from three parts, each with its own documented call ord
     engine/device_verify.py), which the loop calls when the method has one.
 `build_device` gives the production decoder's method (tensor operations, CUDA-graph friendly) and
 `build_reference` the host reference it is tested against. Importing this module imports no torch.
+
+Which methods decode which family: bidirectional models (LLaDA-8B, LLaDA-1.5, Dream) take llada, fast-dllm,
+flash-cache and flash-verify (Flash-Cache's selective refresh exists because bidirectional K/V go stale);
+block-diffusion models (LLaDA2: ModelConfig.block_size, attention causal across blocks) take only the
+`block_causal` methods, whose committed blocks are cached exactly and never refreshed. settings.model_refusal
+words the refusal of every other pairing.
 """
 from __future__ import annotations
 
@@ -22,6 +28,11 @@ class Method:
     build_device: Callable  # (settings, canvas, shift) -> device_plan.DeviceMethod
     build_reference: Callable  # (settings, shift) -> (strategies.Strategy, refresh.RefreshPolicy)
     verify: bool = False  # Flash-Verify's pass follows each step's commit
+    # Decodes block-diffusion models (ModelConfig.block_size: attention causal across blocks), and only those.
+    block_causal: bool = False
+    # Its own host reference decoder (model, ops, settings, states, emit, piece, cancel), instead of the shared
+    # one (engine/host_reference.py) built from build_reference's strategy and refresh policy.
+    host_reference: Callable | None = None
 
 
 def _llada_device(s, canvas, shift):
@@ -64,6 +75,22 @@ def _flash_cache_reference(s, shift):
     return WindowThreshold(s.window, s.threshold), FlashCachePolicy(s.lookahead, s.track, shift)
 
 
+def _block_device(s, canvas, shift):
+    from flash_dllm.engine.block_diffusion import BlockDiffusion
+
+    return BlockDiffusion(canvas, s.block_length, s.total_steps // s.n_blocks, shift)
+
+
+def _block_reference(model, ops, s, states, emit, piece, cancel):
+    from flash_dllm.engine.block_diffusion_reference import run_block_reference
+
+    return run_block_reference(model, s, states, emit, piece, cancel)
+
+
+def _no_strategy(s, shift):
+    raise TypeError("block-diffusion's host reference is its own decoder (Method.host_reference)")
+
+
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("llada", "LLaDA reference: full forward every step, semi-autoregressive blocks, top-k low-confidence "
                     "remasking", _llada_device, _llada_reference),
@@ -73,7 +100,16 @@ METHODS: dict[str, Method] = {m.name: m for m in (
                           "rest from cache", _flash_cache_device, _flash_cache_reference),
     Method("flash-verify", "Flash-Cache + Flash-Verify: the model drafts low-confidence tokens and verifies them "
                            "itself", _flash_cache_device, _flash_cache_reference, verify=True),
+    Method("block-diffusion", "Block diffusion (LLaDA2 and other block-causal models only): committed blocks cached "
+                              "once, the current block denoised by threshold", _block_device, _no_strategy,
+           block_causal=True, host_reference=_block_reference),
+    Method("block-diffusion-verify", "Block diffusion + Flash-Verify inside the block (block-causal models only)",
+           _block_device, _no_strategy, verify=True, block_causal=True, host_reference=_block_reference),
 )}
+
+
+def block_causal_methods() -> tuple[str, ...]:
+    return tuple(name for name, method in METHODS.items() if method.block_causal)
 
 
 def descriptions() -> dict[str, str]:

@@ -12,8 +12,10 @@ seq 0, a step or two after the device made them (the loop reads step records lat
 What requests can mix in one batch: everything per sequence -- answer length, threshold, gamma, temperature
 and seed. What they cannot: the method and the settings that fix a step's shapes (window, look-ahead, track,
 block length, cache mode, Flash-Verify's candidates and rule, whether the batch samples, classifier-free
-guidance; for `llada` also its schedule). A request whose shape differs from the running batch's waits until
-that batch drains (the queue stays first come, first served), and says so.
+guidance; for `llada` and the block methods also their schedule). A request whose shape differs from the
+running batch's waits until that batch drains (the queue stays first come, first served), and says so. A
+method that cannot decode the model (block-diffusion on a bidirectional model, or the reverse) is refused
+at submit.
 
 Memory follows the tokens in flight: a sequence holds a contiguous range of rows of the KV pool for its
 prompt + answer, freed when it ends. The pool grows (doubling) only when a request does not fit and the device
@@ -33,6 +35,7 @@ import torch
 
 from flash_dllm.engine.requests import Request, RequestInfo
 from flash_dllm.engine.sequence import MASK
+from flash_dllm.engine.settings import BLOCK_METHODS, SettingsError, model_refusal
 
 MAX_SLOTS = 16  # sequences decoded together
 PREFILL_ROWS = 4096  # query rows of newcomers' first steps admitted into one step (one request always may)
@@ -74,6 +77,8 @@ def shape_key(settings) -> tuple:
     """What must be equal for two requests to share steps (see the module docstring)."""
     s = settings
     steps = (s.total_steps // s.n_blocks, s.gen_length) if s.method == "llada" else None
+    if s.method in BLOCK_METHODS:  # the commit quotas split the block over this many steps
+        steps = s.total_steps // s.n_blocks
     return (s.method, s.block_length, s.window, s.lookahead, s.track, s.cache_mode, s.candidates_cap,
             s.acceptance, s.temperature > 0, s.cfg_scale, steps)
 
@@ -102,6 +107,10 @@ class Scheduler:
 
     # ---- callers' side -----------------------------------------------------------------------------------
     def put(self, request: Request) -> None:
+        refusal = model_refusal(request.settings.method in BLOCK_METHODS, request.settings.block_length,
+                                self.engine.model.config.block_size)
+        if refusal:  # before it is queued: a method that cannot decode this model never waits
+            raise SettingsError(refusal)
         with self.wake:
             self.pending.append(request)
             if self.thread is None or not self.thread.is_alive():

@@ -4,9 +4,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from flash_dllm.engine.methods import descriptions
+from flash_dllm.engine.methods import block_causal_methods, descriptions
 
 METHODS = descriptions()  # name -> what it does (the registry, engine/methods.py, is the source)
+BLOCK_METHODS = block_causal_methods()  # the methods of block-diffusion models (and only of those)
 ACCEPTANCE_RULES = ("paper", "cumulative")
 CACHE_MODES = ("dual", "prefix")
 MIN_TEMPERATURE = 1e-3
@@ -60,11 +61,21 @@ class GenerationSettings:
         return ((self.seed if self.seed is not None else 0) + index) & 0xFFFFFFFF
 
 
-def validate(settings: GenerationSettings, max_context: int | None = None, prompt_tokens: int | None = None) -> None:
-    """Raise SettingsError with a one-line message for the first setting that is out of range."""
+def validate(settings: GenerationSettings, max_context: int | None = None, prompt_tokens: int | None = None,
+             model_config=None) -> None:
+    """Raise SettingsError with a one-line message for the first setting that is out of range (and, given the
+    model's ModelConfig, for a method that cannot decode that model)."""
     s = settings
     if s.method not in METHODS:
         raise SettingsError(f"unknown method {s.method!r}; choose one of: {', '.join(METHODS)}")
+    if model_config is not None:
+        refusal = model_refusal(s.method in BLOCK_METHODS, s.block_length, model_config.block_size)
+        if refusal is None and s.method in BLOCK_METHODS and model_config.shift_logits:
+            refusal = f"method {s.method} needs a model that predicts each cell in place, not a shifted one (Dream)"
+        if refusal:
+            raise SettingsError(refusal)
+    if s.method in BLOCK_METHODS and s.cfg_scale:
+        raise SettingsError(f"method {s.method} has no classifier-free guidance: cfg scale must be 0")
     if s.gen_length < 1:
         raise SettingsError(f"gen length must be at least 1 (got {s.gen_length})")
     if s.block_length < 1 or s.gen_length % s.block_length:
@@ -103,6 +114,22 @@ def validate(settings: GenerationSettings, max_context: int | None = None, promp
         raise SettingsError(f"max candidates must be at least 1 (got {s.max_candidates})")
     if max_context is not None and prompt_tokens is not None:
         check_fits(s, max_context, prompt_tokens)
+
+
+def model_refusal(block_method: bool, block_length: int | None, model_block: int | None) -> str | None:
+    """Why a method cannot decode a model, or None. A block-diffusion model (config block_size: attention causal
+    across blocks) decodes only with the block methods, in its own block size (its cache is exact only there);
+    the other methods assume bidirectional attention, so a block method refuses a bidirectional model."""
+    names = " or ".join(BLOCK_METHODS)
+    if model_block and not block_method:
+        return (f"this model is a block-diffusion model (attention causal across blocks of {model_block} "
+                f"positions): decode it with {names}; the other methods need bidirectional attention")
+    if block_method and not model_block:
+        return (f"{names} decodes block-diffusion models only (attention causal across blocks, like LLaDA2); "
+                f"this model attends bidirectionally: use {', '.join(m for m in METHODS if m not in BLOCK_METHODS)}")
+    if block_method and block_length != model_block:
+        return f"block length must be the model's block size {model_block} for {names} (got {block_length})"
+    return None
 
 
 def check_fits(settings: GenerationSettings, max_context: int, prompt_tokens: int) -> None:
