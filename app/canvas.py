@@ -235,7 +235,8 @@ LEGEND = (
     '<i class="k c" style="--t:1;--c:.9">b</i>committed (early → late, pale = unsure) '
     '<i class="k c f" style="--t:1;--c:.9">n</i>this step <i class="k m w"></i>window '
     '<i class="k c a" style="--t:1;--c:.9">d</i>draft accepted <i class="k m r">x</i>draft rejected '
-    '<i class="k c e" style="--t:1;--c:.9">⏎</i>end <i class="k p"></i>EOS padding</div>'
+    '<i class="k c e" style="--t:1;--c:.9">⏎</i>end <i class="k p"></i>EOS padding '
+    '<i class="k c x" style="--t:1;--c:.9">k</i>block cached (block diffusion)</div>'
 )
 
 

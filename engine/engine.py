@@ -176,7 +176,7 @@ class Engine:
     def submit(self, prompt, settings: GenerationSettings, on_event: Callable | None = None) -> Request:
         """Queue one request and return at once (see engine/requests.py). Bad settings or an empty or too long
         prompt raise here, before anything is queued."""
-        validate(settings)
+        validate(settings, model_config=self.model.config)
         request = Request(prompt, settings, on_event)
         request.ids = self.encode([prompt], settings)[0]
         request.prompt_tokens = len(request.ids)
@@ -190,7 +190,7 @@ class Engine:
                  cancel: threading.Event | None = None) -> list[GenerationResult]:
         """Decode a batch of prompts (strings or message lists). Raises SettingsError / PromptError on bad
         input and EngineError on recoverable device failures; the engine stays usable after any of them."""
-        validate(settings)
+        validate(settings, model_config=self.model.config)
         if not prompts:
             raise SettingsError("no prompt given")
         if settings.seed is None:  # one seed per call, so the decoder and its records agree on it
