@@ -177,3 +177,13 @@ def test_the_bundled_tokenizer_represents_every_generated_character():
                 for text in (example.messages[-1]["content"], example.response):
                     assert tokenizer.decode(tokenizer.encode(text).ids) == text
                 assert len(tokenizer.encode(bpe.render_prompt(example.messages)).ids) <= MAX_PROMPT
+
+
+def test_training_draws_the_new_operations_more_often_than_the_test_split():
+    rng = random.Random(8)
+    train = [data.sample(rng, "train", "everyday").kind for _ in range(4000)]
+    test = [e.kind for e in data.test_set("everyday", 400)]
+    new_share = {name: sum(k in ("mul", "div") for k in kinds) / len(kinds) for name, kinds in
+                 (("train", train), ("test", test))}
+    assert new_share["train"] > new_share["test"] + 0.08, new_share
+    assert abs(new_share["test"] - 0.5) < 0.08  # the test split weighs the four operations alike

@@ -50,7 +50,10 @@ WORDED = [
     ("div", "Divide {a} by {b}"), ("div", "What is the quotient of {a} and {b}?"), ("div", "Please divide {a} by {b}"),
 ]
 SYMBOL = {"add": "+", "sub": "-", "mul": "×", "div": "÷"}
-OP_WEIGHTS = {"add": 1.0, "sub": 1.0, "mul": 1.0, "div": 1.0}
+OP_WEIGHTS = {"add": 1.0, "sub": 1.0, "mul": 1.0, "div": 1.0}  # the test split: all four alike
+# Training only: the bundled model already adds and subtracts up to three digits (the old arith family);
+# multiplying beyond the times table and dividing are new to it, so training draws them more often.
+TRAIN_OP_WEIGHTS = {"add": 0.7, "sub": 0.8, "mul": 1.3, "div": 1.2}
 WORDED_SHARE = 0.15
 SQUARE_PERIOD = 5
 
@@ -109,8 +112,9 @@ def _surface(rng: random.Random, text: str) -> str:
 
 
 def everyday_arithmetic(rng: random.Random, split: str) -> Example:
-    op = rng.choices(list(OP_WEIGHTS), list(OP_WEIGHTS.values()))[0]
     test = split == "test"
+    weights = OP_WEIGHTS if test else TRAIN_OP_WEIGHTS
+    op = rng.choices(list(weights), list(weights.values()))[0]
 
     def make():
         a, b = operands(rng, op)
