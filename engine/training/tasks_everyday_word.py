@@ -100,7 +100,7 @@ def _capital(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _story(rng: random.Random, test: bool):
+def _story(rng: random.Random):
     scene = rng.choice(["own", "own", "place"])
     name, other = rng.sample(list(PEOPLE), 2)
     pronoun = PEOPLE[name]
@@ -138,7 +138,7 @@ def _story(rng: random.Random, test: bool):
     return f"{text} {_capital(question) if rng.random() < 0.8 else question}", lines, value, held, numbers
 
 
-def _one_liner(rng: random.Random, test: bool):
+def _one_liner(rng: random.Random):
     op = rng.choice(["mul", "div"])
     index = rng.randrange(len(ONE_LINERS[op]))
     name = rng.choice(list(PEOPLE))
@@ -159,7 +159,7 @@ def everyday_word_problem(rng: random.Random, split: str) -> Example:
 
     def make():
         kind = "one_liner" if rng.random() < ONE_LINER_SHARE else "story"
-        built = (_one_liner if kind == "one_liner" else _story)(rng, test)
+        built = (_one_liner if kind == "one_liner" else _story)(rng)
         if built is None:
             return None
         text, lines, value, held, numbers = built
