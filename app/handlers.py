@@ -15,7 +15,7 @@ import gradio as gr
 from flash_dllm.app.canvas import empty_canvas_html
 from flash_dllm.app.chats import CHAT_ID, clean_text, export_file
 from flash_dllm.app.export import export_gif, export_html
-from flash_dllm.app.models import ModelError
+from flash_dllm.app.models import ModelError, model_purpose
 from flash_dllm.app.presets import default_knobs, preset_values
 from flash_dllm.app.stats import format_bytes, stats_rows, stats_table
 from flash_dllm.app.turns import AppContext, chat_choices, chat_messages, chat_turn, note, save_orphans
@@ -39,9 +39,11 @@ def banner_html(ctx: AppContext) -> str:
     info = ctx.host.describe()
     model = html.escape(str(info.get("model", "no model loaded")))
     extra = f"<div class='fd-note fd-warn'>{html.escape(ctx.share_note)}</div>" if ctx.share_note else ""
+    purpose = model_purpose(ctx.host.name)
+    about = f"<div class='fd-note' id='model-purpose'>{html.escape(model)}: {html.escape(purpose)}</div>" if purpose else ""
     return (f"<div><b style='font-size:1.25em'>flash-dllm-chat</b> &nbsp;·&nbsp; {model} on "
             f"{html.escape(str(info.get('device', '–')))} &nbsp;·&nbsp; the canvas shows every cell of the answer "
-            f"as the model denoises it</div>{extra}")
+            f"as the model denoises it</div>{about}{extra}")
 
 
 def model_choices(ctx: AppContext) -> list[tuple[str, str]]:

@@ -66,6 +66,27 @@ def display_name(model: str | None) -> str:
     return path.name if path.is_dir() else model
 
 
+# One line shown beside a bundled model (in the model list and the banner), so that nobody mistakes a demo
+# model for a general assistant. Keyed by the bundled folder's name; other models get no line.
+BUNDLED_PURPOSES = {
+    "tiny-chat": "a 19M-parameter demo model: small arithmetic, lists, short word problems",
+    "tiny-cpu": "a 1M-parameter test model for quick checks, not for chatting",
+}
+
+
+def model_purpose(model: str | None) -> str:
+    """The purpose line of a bundled model ("" for any other): ``model`` is its name or its folder."""
+    name = Path(model).name if model else ""
+    if name not in BUNDLED_PURPOSES:
+        return ""
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return BUNDLED_PURPOSES[name] if model == name else ""  # the bundled model named, not a folder
+    bundled = hub.bundled_model_path()
+    same = bundled is not None and path.resolve().parent == bundled.resolve().parent
+    return BUNDLED_PURPOSES[name] if same else ""  # a folder of the same name elsewhere is another model
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     """How every model of this app is loaded (the launcher's flags): `Engine.load`'s keywords."""
@@ -138,6 +159,8 @@ class ModelHost:
         for cached in hub.list_cached_models():
             value = cached.name if "/" in cached.name else str(cached.path)
             label = f"{cached.name} ({format_bytes(cached.size_bytes)}, {cached.family})"
+            purpose = model_purpose(str(cached.path)) if "/" not in cached.name else ""
+            label += f" · {purpose}" if purpose else ""
             out.append(ModelChoice(label, value, cached.size_bytes))
             seen.add(value)
         if self.name and self.name not in seen:

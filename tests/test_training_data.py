@@ -145,7 +145,10 @@ def test_test_sets_are_fixed_and_prefix_stable():
 # the README's tables) were measured on exactly these items; a generator change that moves them must be a
 # deliberate one, with the model re-evaluated, not a side effect of a training-only change.
 TEST_SET_DIGESTS = {"word": "da2a2a715b9cded1", "arith": "5f0d0535ee96d444", "lists": "7400c79cf9b23dba",
-                    "multi": "6a08d56eac8b891d", "multiturn": "57dbd36dec64bbcb", "chat": "697b970e7cb3741b"}
+                    "multi": "6a08d56eac8b891d", "multiturn": "57dbd36dec64bbcb", "chat": "697b970e7cb3741b",
+                    "everyday": "e85ac0f3f9ace69f", "everyday_word": "783432c1a9ed251e",
+                    "everyday_lists": "2ed05932d4df3d00", "everyday_chat": "eb473b4ef0e6bd50",
+                    "out_of_scope": "6d819f5bd03a1268"}
 
 
 @pytest.mark.parametrize("family", data.FAMILIES)

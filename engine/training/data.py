@@ -6,7 +6,12 @@ Families (each a module ``tasks_*.py``):
 * ``lists``     sort, reverse, count, largest, second largest;
 * ``multi``     several valid answers with dependent tokens (different numbers, permutations, sums);
 * ``multiturn`` follow-ups on the previous answer ("now double it");
-* ``chat``      templated small talk.
+* ``chat``      templated small talk;
+* ``everyday``  arithmetic as people type it: + - × ÷, 1-3-digit operands, symbols or words (tasks_everyday);
+* ``everyday_word``  one- and two-step word problems in everyday wording (tasks_everyday_word);
+* ``everyday_lists`` list and counting requests in free phrasing (tasks_everyday_lists);
+* ``everyday_chat``  greetings and questions about itself in free phrasing (tasks_scope);
+* ``out_of_scope``   facts, code, stories, other languages...: one reply that says what it can do (tasks_scope).
 
 ``sample(rng, "train")`` draws a training conversation; ``test_set(family, n)`` returns a fixed, seeded list of
 held-out items; ``check(example, text)`` says whether a reply is correct (any valid one for ``multi``).
@@ -15,20 +20,30 @@ from __future__ import annotations
 
 import random
 
-from . import tasks_arith, tasks_chat, tasks_lists, tasks_multi, tasks_word
+from . import (tasks_arith, tasks_chat, tasks_everyday, tasks_everyday_lists, tasks_everyday_word, tasks_lists,
+               tasks_multi, tasks_scope, tasks_word)
 from .tasks_base import Example, Generator
 
 GENERATORS: dict[str, Generator] = {}
 CHECKERS = {}
-for _module in (tasks_word, tasks_arith, tasks_lists, tasks_multi, tasks_chat):
+for _module in (tasks_word, tasks_arith, tasks_lists, tasks_multi, tasks_chat, tasks_everyday, tasks_everyday_word,
+                tasks_everyday_lists, tasks_scope):
     GENERATORS.update(_module.GENERATORS)
     CHECKERS.update(_module.CHECKERS)
 
-FAMILIES = ("word", "arith", "lists", "multi", "multiturn", "chat")
+OLD_FAMILIES = ("word", "arith", "lists", "multi", "multiturn", "chat")
+EVERYDAY_FAMILIES = ("everyday", "everyday_word", "everyday_lists", "everyday_chat", "out_of_scope")
+FAMILIES = OLD_FAMILIES + EVERYDAY_FAMILIES  # the order is the pool's family index: append only
 # Shares of training conversations. Word problems get the most because their chains are the slowest to
 # learn (the probe's last family to saturate) and their answers are the longest; multi-answer items get more
 # than their length asks for, because the exclusion they teach is a weak signal (see tasks_multi).
-TRAIN_MIX = {"word": 0.40, "arith": 0.08, "lists": 0.14, "multi": 0.22, "multiturn": 0.12, "chat": 0.04}
+# The everyday families take 40 % of the conversations but far less of the positions (their answers are one
+# or two short lines); the old families keep 60 % as replay, so a warm start learns the new forms without
+# forgetting the old targets. everyday gets the most of the new share: its multiplications and divisions are
+# new skills, the rest mostly new phrasings of trained ones.
+TRAIN_MIX = {"word": 0.30, "arith": 0.02, "lists": 0.04, "multi": 0.18, "multiturn": 0.04, "chat": 0.02,
+             "everyday": 0.18, "everyday_word": 0.10, "everyday_lists": 0.04, "everyday_chat": 0.03,
+             "out_of_scope": 0.05}
 SYSTEM_PROMPTS = ["You are a helpful assistant.", "You are Flash Tiny, a small diffusion language model.",
                   "Answer briefly and show your steps.", "You are a friendly math tutor."]
 SYSTEM_RATE = 0.1  # share of conversations that open with a system message (the template supports it)

@@ -1,9 +1,12 @@
 """Held-out evaluation of a model folder through the engine's decoders.
 
     python -m flash_dllm.engine.training.evaluate --model FOLDER --per-family 500 --device cuda --out results.json
+    ... --families everyday,everyday_word,out_of_scope --decoders flash-cache,llada   (the issue-22 targets)
+
+``flash-cache`` runs with the engine's default settings, which are the page's "balanced" preset.
 
 For each task family and decoder: exact match (any valid answer for the multi-answer family; for word
-problems the whole worked answer, with the final-answer-only rate beside it), forward passes per answer,
+problems, old and everyday, the whole worked answer, with the final-answer-only rate beside it), forward passes per answer,
 and tokens per forward (answer tokens over forward passes, summed over the family). Prints a markdown table.
 """
 from __future__ import annotations
@@ -17,6 +20,9 @@ from pathlib import Path
 
 from . import data
 from .tasks_word import final_answer_correct
+
+
+WORKED_FAMILIES = ("word", "everyday_word")  # replies with worked steps: the final-answer-only rate is reported too
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ def evaluate_family(engine, examples, settings, batch_size: int) -> dict:
         for example, result in zip(chunk, results):
             ok = data.check(example, result.text)
             correct += ok
-            final += final_answer_correct(example, result.text) if example.family == "word" else ok
+            final += final_answer_correct(example, result.text) if example.family in WORKED_FAMILIES else ok
             passes += result.forward_passes
             tokens += len(result.token_ids)
             if not ok and len(failures) < 3:
@@ -121,7 +127,7 @@ def markdown_table(results: dict) -> str:
             if "exact" not in cell:
                 cells.append("n/a")
                 continue
-            extra = f" (final {cell['final_answer']:.1f})" if family == "word" else ""
+            extra = f" (final {cell['final_answer']:.1f})" if family in WORKED_FAMILIES else ""
             cells.append(f"{cell['exact']:.1f} %{extra} · {cell['passes']:.1f} · {cell['tokens_per_forward']:.2f}")
         lines.append(f"| {family} | " + " | ".join(cells) + " |")
     lines.append("")

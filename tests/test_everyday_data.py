@@ -1,0 +1,189 @@
+"""The everyday families (issue #22): answers are right, splits never meet, checkers reject wrong replies,
+the issue's own prompts are in distribution, and the bundled tokenizer represents every character."""
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from flash_dllm.engine.training import data, tasks_everyday, tasks_everyday_word, tasks_scope
+from flash_dllm.engine.training.tasks_base import held_out
+
+BUNDLED = Path(__file__).resolve().parents[1] / "assets" / "models" / "tiny-chat"
+HASHED = ("everyday", "everyday_word", "everyday_lists", "out_of_scope")
+OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "×": lambda a, b: a * b, "÷": lambda a, b: a / b}
+LINE = re.compile(r"^(\d+) ([-+×÷]) (\d+) = (-?\d+)\.$")
+
+
+def _train_prompts(family: str, n: int = 20000) -> set[str]:
+    rng = random.Random(f"train-{family}")
+    return {data.sample(rng, "train", family).messages[-1]["content"] for _ in range(n)}
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_everyday_arithmetic_is_right_and_reads_the_prompt(split):
+    rng = random.Random(split)
+    symbols = set()
+    for _ in range(2000):
+        example = data.sample(rng, split, "everyday")
+        a, op, b, r = LINE.match(example.response).groups()
+        assert OPS[op](int(a), int(b)) == int(r)
+        assert 1 <= int(a) <= 999 and 1 <= int(b) <= 999
+        assert re.findall(r"\d+", example.messages[-1]["content"]) in ([a, b], [b, a])  # the operands asked
+        symbols.add(op)
+    assert symbols == set(OPS)
+
+
+def test_everyday_arithmetic_covers_every_typed_form_in_training():
+    rng = random.Random(1)
+    texts = [data.sample(rng, "train", "everyday").messages[-1]["content"].lower() for _ in range(6000)]
+    for needle in ("+", "-", "*", "×", "x", "/", "÷", "plus", "minus", "times", "divided by", "what's",
+                   "how much is", "calculate"):
+        assert any(needle in t for t in texts), needle
+    assert any(re.search(r"\d[*x×/÷+-]\d", t) for t in texts)  # without spaces
+    assert any(not t.endswith("?") and t.startswith("what") for t in texts)  # no question mark
+    digits = {(len(str(e.meta["a"])), len(str(e.meta["b"])))
+              for e in (data.sample(rng, "train", "everyday") for _ in range(3000)) if e.kind == "add"}
+    assert digits == {(i, j) for i in (1, 2, 3) for j in (1, 2, 3)}
+
+
+def test_everyday_test_items_are_held_out_by_numbers_and_by_template():
+    for example in data.test_set("everyday", 300):
+        assert tasks_everyday.is_held_out_pair(example.kind, example.meta["a"], example.meta["b"])
+        frame = example.meta["frame"]
+        assert (tasks_everyday.worded_held_out(frame[1]) if frame[0] == "worded"
+                else tasks_everyday.template_held_out(*frame))
+    rng = random.Random(2)
+    for _ in range(3000):
+        example = data.sample(rng, "train", "everyday")
+        assert not tasks_everyday.is_held_out_pair(example.kind, example.meta["a"], example.meta["b"])
+        frame = example.meta["frame"]
+        assert not (tasks_everyday.worded_held_out(frame[1]) if frame[0] == "worded"
+                    else tasks_everyday.template_held_out(*frame))
+
+
+@pytest.mark.parametrize("family", HASHED)
+def test_no_held_out_prompt_is_ever_a_training_prompt(family):
+    train = _train_prompts(family)
+    test = [e.messages[-1]["content"] for e in data.test_set(family, 300)]
+    assert not set(test) & train
+
+
+@pytest.mark.parametrize("family", ["everyday", "everyday_word", "everyday_lists"])
+def test_held_out_everyday_prompts_use_only_words_seen_in_training(family):
+    """By design these held-out templates recombine trained parts (out_of_scope deliberately does not)."""
+    seen = set()
+    for text in _train_prompts(family, 30000):
+        seen |= set(re.findall(r"[a-z']+", text.lower()))
+    for example in data.test_set(family, 300):
+        words = set(re.findall(r"[a-z']+", example.messages[-1]["content"].lower()))
+        assert words <= seen, words - seen
+
+
+def test_everyday_word_problems_are_right_one_or_two_steps():
+    rng = random.Random(4)
+    for split in ("train", "test"):
+        for _ in range(1000):
+            example = data.sample(rng, split, "everyday_word")
+            lines = example.response.split(". ")
+            steps = [LINE.match(line + ".") for line in lines[:-1]]
+            assert all(steps) and 1 <= len(steps) == example.meta["steps"] <= 2, example.response
+            value = None
+            for step in steps:
+                a, op, b, r = step.groups()
+                assert value is None or int(a) == value  # each step acts on the previous result
+                assert OPS[op](int(a), int(b)) == int(r) and int(r) >= 0
+                value = int(r)
+            assert example.response.endswith(f"The answer is {value}.") and value == example.meta["answer"]
+
+
+def test_issue_prompts_are_in_distribution():
+    """The prompts of issue #22, numbers, names and objects aside, are what the generators write."""
+    people = re.compile(r"\b(" + "|".join(tasks_everyday_word.PEOPLE).lower() + r")\b")
+    things = re.compile(r"\b(" + "|".join(tasks_everyday_word.OBJECT_WORDS) + r")\b")
+
+    def shape(text):
+        text = re.sub(r"\d+", "N", text.lower().rstrip("?").strip())
+        return things.sub("O", people.sub("P", text))
+
+    rng = random.Random(5)
+    shapes = set()
+    for family in ("everyday", "everyday_word"):
+        for split in ("train", "test"):
+            shapes |= {shape(data.sample(rng, split, family).messages[-1]["content"]) for _ in range(20000)}
+    for prompt in ("What is 8 + 9?", "What is 2+2?", "what's 41 plus 7", "What is 12 * 11?",
+                   "Tom has 3 apples and buys 5 more. How many apples does he have?"):
+        assert shape(prompt) in shapes, prompt
+
+
+@pytest.mark.parametrize("family", data.EVERYDAY_FAMILIES)
+def test_checkers_reject_wrong_replies(family):
+    rng = random.Random(family)
+    for _ in range(100):
+        example = data.sample(rng, "test", family)
+        assert data.check(example, example.response)
+        numbers = re.findall(r"\d+", example.response)
+        if numbers:
+            last = numbers[-1]
+            at = example.response.rfind(last)
+            wrong = example.response[:at] + str(int(last) + 1) + example.response[at + len(last):]
+            assert not data.check(example, wrong), wrong
+        assert not data.check(example, "Paris is the capital of France.")
+        assert not data.check(example, "")
+    declined = data.sample(rng, "test", "out_of_scope")
+    assert data.check(declined, tasks_scope.OUT_OF_SCOPE_REPLY)
+    assert not data.check(declined, "Sure! Here is a story about a dragon.")
+
+
+def test_out_of_scope_prompts_never_look_like_in_scope_ones():
+    """A declined prompt must not also be an in-scope prompt of another family (the model could not learn both)."""
+    declined = _train_prompts("out_of_scope", 5000) | {e.messages[-1]["content"] for e in data.test_set("out_of_scope", 300)}
+    rng = random.Random(6)
+    for family in (f for f in data.FAMILIES if f != "out_of_scope"):
+        for _ in range(2000):
+            assert data.sample(rng, "train", family).messages[-1]["content"] not in declined, family
+
+
+def test_the_mix_trains_every_family_and_keeps_a_replay_share_of_the_old_ones():
+    mix = data.parse_mix(",".join(data.FAMILIES))
+    assert set(mix) == set(data.FAMILIES) and all(w > 0 for w in mix.values())
+    old = sum(mix[f] for f in data.OLD_FAMILIES) / sum(mix.values())
+    assert 0.5 <= old <= 0.7
+    assert data.FAMILIES[:6] == ("word", "arith", "lists", "multi", "multiturn", "chat")  # pool indices kept
+
+
+def test_word_number_tuples_of_the_test_split_are_held_out():
+    for example in data.test_set("everyday_word", 200):
+        numbers = [int(n) for n in re.findall(r"\d+", example.messages[-1]["content"])]
+        assert held_out("everyday_word", *numbers)
+    assert tasks_everyday_word.join_held_out(0, 0) and not tasks_everyday_word.join_held_out(0, 1)
+
+
+def test_the_bundled_tokenizer_represents_every_generated_character():
+    """Byte-level BPE: new symbols (÷, ×, other scripts) need no new tokens; every text must round-trip."""
+    if not (BUNDLED / "tokenizer.json").is_file():
+        pytest.fail("the bundled tiny-chat tokenizer is missing")
+    from flash_dllm.engine.training import bpe
+    from flash_dllm.engine.training.pool import MAX_PROMPT
+
+    tokenizer = bpe.load_backend(BUNDLED)
+    rng = random.Random(7)
+    for family in data.EVERYDAY_FAMILIES:
+        for split in ("train", "test"):
+            for _ in range(300):
+                example = data.sample(rng, split, family)
+                for text in (example.messages[-1]["content"], example.response):
+                    assert tokenizer.decode(tokenizer.encode(text).ids) == text
+                assert len(tokenizer.encode(bpe.render_prompt(example.messages)).ids) <= MAX_PROMPT
+
+
+def test_training_draws_the_new_operations_more_often_than_the_test_split():
+    rng = random.Random(8)
+    train = [data.sample(rng, "train", "everyday").kind for _ in range(4000)]
+    test = [e.kind for e in data.test_set("everyday", 400)]
+    new_share = {name: sum(k in ("mul", "div") for k in kinds) / len(kinds) for name, kinds in
+                 (("train", train), ("test", test))}
+    assert new_share["train"] > new_share["test"] + 0.08, new_share
+    assert abs(new_share["test"] - 0.5) < 0.08  # the test split weighs the four operations alike
