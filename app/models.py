@@ -237,6 +237,22 @@ class ModelHost:
         return self.engine
 
 
+def known_models(card_gib: float = 24.0) -> list[ModelChoice]:
+    """The published checkpoints the app knows (engine/families.py KNOWN_MODELS), to offer for download, each
+    labelled with its bf16 size and whether it fits a card of ``card_gib`` GiB (there is no quantised mode)."""
+    from flash_dllm.engine.families import KNOWN_MODELS, card_fits
+
+    fits = {fit.repo: fit for fit in card_fits(card_gib)}
+    out = []
+    for repo, known in KNOWN_MODELS.items():
+        fit = fits[repo]
+        verdict = "fits" if fit.fits else "does not fit"
+        label = (f"{repo} ({format_bytes(known.bf16_bytes)} bf16, {known.family}; {verdict} a "
+                 f"{card_gib:g} GiB card, needs about {fit.need_gib:.0f} GiB)")
+        out.append(ModelChoice(label, repo, known.bf16_bytes))
+    return out
+
+
 def startup_model(requested: str | None) -> tuple[str | None, str]:
     """Which model the app starts with, and why: ``--model``; else the last model used if it is still on
     disk; else, with a GPU, the first downloaded model; else (no GPU, or nothing downloaded) the bundled one."""

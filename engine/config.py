@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-SUPPORTED = ("LLaDA (GSAI-ML/LLaDA-8B-Instruct, GSAI-ML/LLaDA-1.5, GSAI-ML/LLaDA-8B-Base), Dream "
-             "(Dream-org/Dream-v0-Instruct-7B, Dream-org/Dream-Coder-v0-Instruct-7B, apple/DiffuCoder-7B-cpGRPO), "
-             "LLaDA-MoE (inclusionAI/LLaDA-MoE-7B-A1B-Instruct) and LLaDA2 (inclusionAI/LLaDA2.0-mini)")
+# Short enough for a one-line error (the known checkpoints are listed in engine/families.py KNOWN_MODELS)
+SUPPORTED = ("LLaDA and LLaDA-1.5, Dream (also Dream-Coder, DiffuCoder), LLaDA-MoE (inclusionAI/LLaDA-MoE-7B-A1B) "
+             "and LLaDA2 (inclusionAI/LLaDA2.0-mini)")
 
 
 class UnsupportedModelError(ValueError):
