@@ -238,18 +238,14 @@ class ModelHost:
 
 
 def known_models(card_gib: float = 24.0) -> list[ModelChoice]:
-    """The published checkpoints the app knows (engine/families.py KNOWN_MODELS), to offer for download, each
-    labelled with its bf16 size and whether it fits a card of ``card_gib`` GiB (there is no quantised mode)."""
-    from flash_dllm.engine.families import KNOWN_MODELS, card_fits
-
-    fits = {fit.repo: fit for fit in card_fits(card_gib)}
+    """The published checkpoints the app knows, to offer for download, each labelled with its bf16 size and
+    whether it fits a card of ``card_gib`` GiB (there is no quantised mode yet)."""
     out = []
-    for repo, known in KNOWN_MODELS.items():
-        fit = fits[repo]
+    for fit in hub.known_model_fits(card_gib):
         verdict = "fits" if fit.fits else "does not fit"
-        label = (f"{repo} ({format_bytes(known.bf16_bytes)} bf16, {known.family}; {verdict} a "
-                 f"{card_gib:g} GiB card, needs about {fit.need_gib:.0f} GiB)")
-        out.append(ModelChoice(label, repo, known.bf16_bytes))
+        label = (f"{fit.repo} ({format_bytes(fit.weight_bytes)} bf16, {fit.family}; {verdict} a {card_gib:g} GiB "
+                 f"card, needs about {fit.need_bytes / hub.GIB:.0f} GiB)")
+        out.append(ModelChoice(label, fit.repo, fit.weight_bytes))
     return out
 
 

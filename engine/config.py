@@ -201,7 +201,7 @@ def _llada_moe(raw: dict) -> ModelConfig:
         norm_eps=_number(raw, "rms_norm_eps", float, 1e-5), max_seq_len=_positive(raw, "max_position_embeddings", 8192),
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)), qkv_bias=False,
         mask_id=_number(raw, "mask_token_id", int, 156895), eos_id=_number(raw, "eos_token_id", int, 156892),
-        pad_id=raw.get("pad_token_id"), moe=moe, qk_norm=bool(raw.get("qk_layernorm", True)),
+        pad_id=raw.get("pad_token_id"), moe=moe, qk_norm=bool(raw.get("qk_layernorm")),
         rotary_dim=_rotary_dim(raw, head_dim))
 
 
@@ -214,6 +214,8 @@ def _llada2(raw: dict) -> ModelConfig:
     _refuse(raw, "use_bias", "the attention output projection of the published checkpoints has no bias")
     _refuse(raw, "norm_head", "the published checkpoints do not normalise the head")
     _refuse(raw, "num_nextn_predict_layers", "multi-token-prediction layers are not implemented")
+    _refuse(raw, "use_linear_attention", "linear-attention layers are not implemented")
+    _refuse(raw, "use_sliding_window", "the published checkpoints attend to the whole context")
     head_dim = _positive(raw, "head_dim") if raw.get("head_dim") is not None else d // heads
     expert_hidden = _positive(raw, "moe_intermediate_size")
     score = str(raw.get("score_function") or "sigmoid").lower()

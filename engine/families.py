@@ -133,21 +133,3 @@ def check_method(config: ModelConfig, method: str) -> None:
                if config.block_size else "")
         raise MethodNotSupported(f"{config.family} models decode with {', '.join(allowed)}{why}; "
                                  f"method {method!r} is not supported for them")
-
-
-@dataclass(frozen=True)
-class CardFit:
-    repo: str
-    weight_gib: float
-    need_gib: float
-    fits: bool
-
-
-def card_fits(card_gib: float = 24.0) -> list[CardFit]:
-    """For every known model: whether its bf16 weights fit a card of ``card_gib`` GiB by the app's own rule
-    (engine.hub.needed_bytes). There is no quantised mode yet, so a model that does not fit cannot run there."""
-    from flash_dllm.engine.hub import GIB, needed_bytes
-
-    return [CardFit(m.repo, m.bf16_bytes / GIB, needed_bytes(m.bf16_bytes) / GIB,
-                    needed_bytes(m.bf16_bytes) <= card_gib * GIB) for m in KNOWN_MODELS.values()]
-

@@ -335,6 +335,26 @@ def needed_bytes(loaded_bytes: float) -> float:
     return loaded_bytes * 1.2 + GIB
 
 
+@dataclass(frozen=True)
+class KnownFit:
+    """A known checkpoint (engine/families.py KNOWN_MODELS) against a card of a given size, at bf16."""
+
+    repo: str
+    family: str
+    weight_bytes: int
+    need_bytes: float
+    fits: bool
+
+
+def known_model_fits(card_gib: float = 24.0) -> list[KnownFit]:
+    """Whether each known model's bf16 weights fit a card of ``card_gib`` GiB by the rule of `fit_check`.
+    There is no quantised mode yet, so a model that does not fit cannot run on such a card."""
+    from flash_dllm.engine.families import KNOWN_MODELS
+
+    return [KnownFit(m.repo, m.family, m.bf16_bytes, needed_bytes(m.bf16_bytes),
+                     needed_bytes(m.bf16_bytes) <= card_gib * GIB) for m in KNOWN_MODELS.values()]
+
+
 def fit_check(weight_bytes: int, device, dtype: str | None = None) -> tuple[bool, str]:
     """Whether weights of this size fit: free GPU memory (or available RAM) vs weights x 1.2 + 1 GiB.
 

@@ -54,24 +54,32 @@ def moe_experts_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights:
                           w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """sum_k w[t,k] * down_e(silu(gate_e x_t) * up_e x_t) with e = topk_ids[t,k], in x's dtype.
 
-    Gathers each token's K experts and runs them as batched matmuls, in chunks of tokens sized from static
-    shapes (no data-dependent sizes, so no host sync: this can run inside a CUDA graph). It reads K expert
-    matrices per token, which is what a decode step of few tokens costs anyway; a grouped kernel
-    (kernels/moe_experts.py) is faster on long prefills."""
-    tokens, dim = x.shape
-    top_k = topk_ids.shape[1]
+    No data-dependent sizes anywhere (no host sync: this can run inside a CUDA graph). The way is chosen from
+    static shapes: when the T*K (token, expert) pairs outnumber the experts, every expert runs once over all
+    tokens with a combine weight that is zero for tokens that did not choose it (each expert's weights read
+    once); otherwise each token's K experts are gathered and run as batched matmuls (K expert matrices read
+    per token, which is what a decode step of a few tokens costs anyway). The grouped Triton kernel
+    (kernels/moe_experts.py) computes only the chosen pairs and reads each expert once."""
+    tokens, top_k = topk_ids.shape
+    n_experts = w_gate_up.shape[0]
+    if tokens * top_k >= n_experts:
+        combine = torch.zeros(tokens, n_experts, device=x.device, dtype=torch.float32)
+        combine.scatter_add_(1, topk_ids, topk_weights.float())
+        out = torch.zeros(tokens, x.shape[1], device=x.device, dtype=torch.float32)
+        for e in range(n_experts):
+            gate, up = F.linear(x, w_gate_up[e]).chunk(2, dim=-1)
+            out += combine[:, e:e + 1] * F.linear(F.silu(gate) * up, w_down[e]).float()
+        return out.to(x.dtype)
     per_token = top_k * (w_gate_up[0].numel() + w_down[0].numel()) * w_gate_up.element_size()
     chunk = max(1, min(tokens, (256 << 20) // max(1, per_token)))  # about 256 MiB of gathered weights per chunk
     out = []
     for start in range(0, tokens, chunk):
         ids = topk_ids[start:start + chunk]
-        xs = x[start:start + chunk]
-        gate_up = torch.matmul(w_gate_up[ids], xs[:, None, :, None]).squeeze(-1)  # [t, K, 2F]
+        gate_up = torch.matmul(w_gate_up[ids], x[start:start + chunk, None, :, None]).squeeze(-1)  # [t, K, 2F]
         gate, up = gate_up.chunk(2, dim=-1)
-        hidden = F.silu(gate) * up
-        down = torch.matmul(w_down[ids], hidden[..., None]).squeeze(-1)  # [t, K, D]
+        down = torch.matmul(w_down[ids], (F.silu(gate) * up)[..., None]).squeeze(-1)  # [t, K, D]
         out.append((down.float() * topk_weights[start:start + chunk, :, None].float()).sum(1))
-    return torch.cat(out).to(x.dtype) if out else x.new_zeros(0, dim)
+    return torch.cat(out).to(x.dtype) if out else x.new_zeros(0, x.shape[1])
 
 
 # The single place the routed experts are called from (both forward paths). The lead switches it to

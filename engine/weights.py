@@ -137,20 +137,24 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if names["lm_head"]:
         shapes[names["lm_head"]] = (cfg.vocab_size, d)
     for i in range(cfg.n_layers):
-        per = {"attn_norm": (d,), "o": (d, q_out), "ffn_norm": (d,)}
+        # Keep this order: engine/tiny.py draws its random weights in it, so the tiny models stay the same
+        per = {"attn_norm": (d,)}
         if "qkv" in names:
             per["qkv"] = (q_out + 2 * kv_out, d)
-            if cfg.qkv_bias:
-                per["qkv_bias"] = (q_out + 2 * kv_out,)
         else:
             per.update({"q": (q_out, d), "k": (kv_out, d), "v": (kv_out, d)})
-            if cfg.qkv_bias:
-                per.update({"q_bias": (q_out,), "k_bias": (kv_out,), "v_bias": (kv_out,)})
-        if cfg.qk_norm:
-            per.update({"q_norm": (cfg.head_dim,), "k_norm": (cfg.head_dim,)})
+        per.update({"o": (d, q_out), "ffn_norm": (d,)})
         for key, shape in per.items():
             shapes[names[key].format(i=i)] = shape
         shapes.update(_ffn_shapes(cfg, names, i))
+        extra = {}
+        if cfg.qkv_bias:
+            extra.update({"qkv_bias": (q_out + 2 * kv_out,)} if "qkv" in names else
+                         {"q_bias": (q_out,), "k_bias": (kv_out,), "v_bias": (kv_out,)})
+        if cfg.qk_norm:
+            extra.update({"q_norm": (cfg.head_dim,), "k_norm": (cfg.head_dim,)})
+        for key, shape in extra.items():
+            shapes[names[key].format(i=i)] = shape
     return shapes
 
 

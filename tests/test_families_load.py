@@ -10,9 +10,9 @@ from flash_dllm.app.cli import main
 from flash_dllm.app.models import known_models
 from flash_dllm.engine.config import UnsupportedModelError, config_from_dict
 from flash_dllm.engine.families import (BLOCK_DIFFUSION, FAMILY_DEFAULTS, KNOWN_MODELS, MethodNotSupported,
-                                        card_fits, check_method, defaults_for)
+                                        check_method, defaults_for)
 from flash_dllm.engine.geometry import GEOMETRY, random_model, weight_bytes
-from flash_dllm.engine.hub import fit_check, list_cached_models, pull
+from flash_dllm.engine.hub import GIB, fit_check, known_model_fits, list_cached_models, pull
 from flash_dllm.engine.model import forward_full
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 from flash_dllm.engine.tokenizer import load_tokenizer
@@ -101,10 +101,11 @@ def test_ling_chat_template_and_end_tokens(tiny_moe_folders):
 
 
 def test_only_llada2_mini_does_not_fit_a_24_gib_card():
-    fits = {fit.repo: fit for fit in card_fits(24.0)}
+    fits = {fit.repo: fit for fit in known_model_fits(24.0)}
     assert set(fits) == set(KNOWN_MODELS) and len(KNOWN_MODELS) == 7
     assert [repo for repo, fit in fits.items() if not fit.fits] == ["inclusionAI/LLaDA2.0-mini"]
-    assert 30 < fits["inclusionAI/LLaDA2.0-mini"].weight_gib < 31  # 16.26B parameters at 2 bytes
+    assert 30 < fits["inclusionAI/LLaDA2.0-mini"].weight_bytes / GIB < 31  # 16.26B parameters at 2 bytes
+    assert all(fit.fits for fit in known_model_fits(40.0))
     labels = {choice.value: choice.label for choice in known_models(24.0)}
     assert "does not fit" in labels["inclusionAI/LLaDA2.0-mini"] and "fits a 24" in labels["apple/DiffuCoder-7B-cpGRPO"]
 
