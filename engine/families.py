@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from flash_dllm.engine.config import ModelConfig
+from flash_dllm.engine.settings import SettingsError
 
 ALL_METHODS = ("llada", "fast-dllm", "flash-cache", "flash-verify")
 BLOCK_DIFFUSION = "block-diffusion"  # LLaDA2's block decoder (commits a block, caches it, moves on)
 
 
-class MethodNotSupported(ValueError):
-    """A decoding method the loaded model's family cannot run exactly."""
+class MethodNotSupported(SettingsError):
+    """A decoding method the loaded model's family cannot run exactly (a settings error: one line, fixable)."""
 
 
 @dataclass(frozen=True)

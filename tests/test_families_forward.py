@@ -209,7 +209,8 @@ def test_moe_experts_reference_is_the_contract(tokens, experts):
     x = torch.randn(tokens, dim, generator=gen)
     ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
     weights = torch.rand(tokens, top_k, generator=gen)
-    w_gate_up, w_down = torch.randn(experts, 2 * hidden, dim, generator=gen), torch.randn(experts, dim, hidden, generator=gen)
+    w_gate_up = torch.randn(experts, 2 * hidden, dim, generator=gen)
+    w_down = torch.randn(experts, dim, hidden, generator=gen)
     expected = torch.zeros(tokens, dim, dtype=torch.float64)
     for t in range(tokens):
         for k in range(top_k):
@@ -249,7 +250,8 @@ def test_full_geometry_cached_matches_hidden_on_gpu(geometry):
         for start, stop in ([(0, 32), (32, 64)] if cfg.block_size else [(0, 64)]):
             span = torch.arange(start, stop, device="cuda")
             step = CachedStep(torch.tensor(ids[start:stop], device="cuda"), span, span,
-                              build_plan([stop - start], [0], [stop], "cuda"), torch.arange(stop - start, device="cuda"))
+                              build_plan([stop - start], [0], [stop], "cuda"),
+                              torch.arange(stop - start, device="cuda"))
             got.append(forward_cached(model, k_cache, v_cache, step, ops).float())
     got = torch.cat(got)
     cosine = torch.nn.functional.cosine_similarity(got, full, dim=-1)
