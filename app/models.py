@@ -260,6 +260,18 @@ class ModelHost:
         return self.engine
 
 
+def known_models(card_gib: float = 24.0) -> list[ModelChoice]:
+    """The published checkpoints the app knows, to offer for download, each labelled with its bf16 size and
+    whether it fits a card of ``card_gib`` GiB (there is no quantised mode yet)."""
+    out = []
+    for fit in hub.known_model_fits(card_gib):
+        verdict = "fits" if fit.fits else "does not fit"
+        label = (f"{fit.repo} ({format_bytes(fit.weight_bytes)} bf16, {fit.family}; {verdict} a {card_gib:g} GiB "
+                 f"card, needs about {fit.need_bytes / hub.GIB:.0f} GiB)")
+        out.append(ModelChoice(label, fit.repo, fit.weight_bytes))
+    return out
+
+
 def startup_model(requested: str | None) -> tuple[str | None, str]:
     """Which model the app starts with, and why: ``--model``; else the last model used if it is still on
     disk; else, with a GPU, the first downloaded model; else (no GPU, or nothing downloaded) the bundled one."""

@@ -327,6 +327,34 @@ def remote_weight_bytes(repo_id: str) -> int:
 
 
 # ---- memory fit ----------------------------------------------------------------------------------------------
+NO_QUANTISED = "there is no quantised (8- or 4-bit) mode yet, so the weights load at 16 bits"
+
+
+def needed_bytes(loaded_bytes: float) -> float:
+    """Memory a model needs: its weights as loaded x 1.2 (activations, KV cache, workspaces) + 1 GiB margin."""
+    return loaded_bytes * 1.2 + GIB
+
+
+@dataclass(frozen=True)
+class KnownFit:
+    """A known checkpoint (engine/families.py KNOWN_MODELS) against a card of a given size, at bf16."""
+
+    repo: str
+    family: str
+    weight_bytes: int
+    need_bytes: float
+    fits: bool
+
+
+def known_model_fits(card_gib: float = 24.0) -> list[KnownFit]:
+    """Whether each known model's bf16 weights fit a card of ``card_gib`` GiB by the rule of `fit_check`.
+    There is no quantised mode yet, so a model that does not fit cannot run on such a card."""
+    from flash_dllm.engine.families import KNOWN_MODELS
+
+    return [KnownFit(m.repo, m.family, m.bf16_bytes, needed_bytes(m.bf16_bytes),
+                     needed_bytes(m.bf16_bytes) <= card_gib * GIB) for m in KNOWN_MODELS.values()]
+
+
 def fit_check(weight_bytes: int, device, dtype: str | None = None) -> tuple[bool, str]:
     """Whether weights of this size fit: free GPU memory (or available RAM) vs weights x 1.2 + 1 GiB.
 
@@ -340,7 +368,7 @@ def fit_check(weight_bytes: int, device, dtype: str | None = None) -> tuple[bool
     dev = torch.device(device)
     upcast = dev.type != "cuda" and dtype in (None, "", "auto", "fp32", "float32")
     loaded = weight_bytes * (2 if upcast else 1)
-    need = loaded * 1.2 + GIB
+    need = needed_bytes(loaded)
     as_loaded = f"{loaded / GIB:.1f} GiB weights" + (" as fp32" if upcast else "")
     wanted = f"needs about {need / GIB:.1f} GiB ({as_loaded} x 1.2 + 1 GiB working margin)"
     if dev.type == "cuda":
@@ -355,4 +383,4 @@ def fit_check(weight_bytes: int, device, dtype: str | None = None) -> tuple[bool
         free = memory.available
         where = f"RAM has {free / GIB:.1f} GiB available of {memory.total / GIB:.1f} GiB"
     ok = need <= free
-    return ok, f"{'fits' if ok else 'does not fit'}: {wanted}; {where}"
+    return ok, f"{'fits' if ok else 'does not fit'}: {wanted}; {where}" + ("" if ok else f"; {NO_QUANTISED}")

@@ -1,7 +1,8 @@
-"""The transformer of both families in plain PyTorch, as functions over a dataclass of tensors.
+"""The transformer of every family in plain PyTorch, as functions over a dataclass of tensors.
 
 LLaDA: multi-head attention, no biases, predicts in place. Dream: grouped-query attention with q/k/v bias,
-logits shifted by one. Both: pre-norm RMSNorm, bidirectional attention, rotate-half RoPE, SwiGLU MLP.
+logits shifted by one. All: pre-norm RMSNorm, rotate-half RoPE, SwiGLU MLP. LLaDA-MoE and LLaDA2 add per-head
+QK-norm, partial RoPE (LLaDA2) and expert MLPs (engine/moe_model.py); LLaDA2's attention is block-causal.
 
 Two forward paths share every weight and every op but attention:
 * ``forward_hidden`` runs whole (left-padded) sequences with SDPA: the reference decoders and training use it;
@@ -16,8 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from flash_dllm.engine.config import ModelConfig
+from flash_dllm.engine.moe_model import MoEExperts, MoEWeights, attention_inputs, cached_attention_inputs, moe_mlp
 from flash_dllm.kernels.add_rms_norm import AddRMSNorm
-from flash_dllm.kernels.fused_qkv_rope_cache import FusedQKVRopeCache, rope_rotate_half
+from flash_dllm.kernels.fused_qkv_rope_cache import FusedQKVRopeCache
 from flash_dllm.kernels.silu_mul import SiluMul
 from flash_dllm.kernels.scheduled_attention import AttentionPlan, ScheduledAttention
 
@@ -29,8 +31,12 @@ class LayerWeights:
     b_qkv: torch.Tensor | None  # [(Hq + 2 Hkv) * Dh] (Dream) or None (LLaDA)
     w_o: torch.Tensor  # [D, Hq * Dh]
     ffn_norm: torch.Tensor  # [D]
-    w_gate_up: torch.Tensor  # [2F, D]: gate rows (silu) then up rows
-    w_down: torch.Tensor  # [D, F]
+    # The dense SwiGLU; in an expert layer, the shared expert (None when the family has none)
+    w_gate_up: torch.Tensor | None  # [2F, D]: gate rows (silu) then up rows
+    w_down: torch.Tensor | None  # [D, F]
+    q_norm: torch.Tensor | None = None  # [Dh] per-head QK-norm (LLaDA-MoE, LLaDA2)
+    k_norm: torch.Tensor | None = None  # [Dh]
+    moe: MoEWeights | None = None  # router and stacked routed experts of an expert layer
 
 
 @dataclass
@@ -40,8 +46,8 @@ class DiffusionLM:
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # [D]
     lm_head: torch.Tensor  # [V, D] (the embedding itself when tied)
-    rope_cos: torch.Tensor  # [P, Dh/2] fp32
-    rope_sin: torch.Tensor  # [P, Dh/2] fp32
+    rope_cos: torch.Tensor  # [P, R/2] fp32, R = config.rope_dim (the rotated dims of a head)
+    rope_sin: torch.Tensor  # [P, R/2] fp32
 
     @property
     def device(self) -> torch.device:
@@ -69,7 +75,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * weight.float()).to(x.dtype)
 
 
-def mlp(x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+def mlp(x: torch.Tensor, layer: LayerWeights, cfg: ModelConfig | None = None, experts=None) -> torch.Tensor:
+    """The layer's feed-forward: a dense SwiGLU, or the expert MLP (routed experts + shared expert)."""
+    if layer.moe is not None:
+        return moe_mlp(x, layer.moe, cfg.moe, layer.w_gate_up, layer.w_down, experts)
     gate, up = F.linear(x, layer.w_gate_up).chunk(2, dim=-1)
     return F.linear(F.silu(gate) * up, layer.w_down)
 
@@ -112,16 +121,14 @@ def forward_hidden(
     batch, length = input_ids.shape
     if positions is None:
         positions = default_positions(key_mask, batch, length, input_ids.device)
-    cos, sin = model.rope_cos[positions], model.rope_sin[positions]  # [B, L, Dh/2]
+    flat_cos, flat_sin = model.rope_cos[positions.reshape(-1)], model.rope_sin[positions.reshape(-1)]
     attn_mask = attention_mask(cfg, key_mask, positions)
     h = F.embedding(input_ids, model.embed)
     hq, hkv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     for layer in model.layers:
         x = rms_norm(h, layer.attn_norm, cfg.norm_eps)
-        q, k, v = F.linear(x, layer.w_qkv, layer.b_qkv).split([hq * dh, hkv * dh, hkv * dh], dim=-1)
-        flat_cos, flat_sin = cos.reshape(-1, dh // 2), sin.reshape(-1, dh // 2)
-        q = rope_rotate_half(q.reshape(-1, hq, dh), flat_cos, flat_sin).to(x.dtype)
-        k = rope_rotate_half(k.reshape(-1, hkv, dh), flat_cos, flat_sin).to(x.dtype)
+        q, k, v = attention_inputs(cfg, x.reshape(batch * length, -1), layer.w_qkv, layer.b_qkv, layer.q_norm,
+                                   layer.k_norm, flat_cos, flat_sin)
         q = q.view(batch, length, hq, dh).transpose(1, 2)
         k = k.view(batch, length, hkv, dh).transpose(1, 2)
         v = v.reshape(batch, length, hkv, dh).transpose(1, 2)
@@ -130,7 +137,7 @@ def forward_hidden(
             v = v.repeat_interleave(hq // hkv, dim=1)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         h = h + F.linear(attn.transpose(1, 2).reshape(batch, length, hq * dh), layer.w_o)
-        h = h + mlp(rms_norm(h, layer.ffn_norm, cfg.norm_eps), layer)
+        h = h + mlp(rms_norm(h, layer.ffn_norm, cfg.norm_eps), layer, cfg)
     return rms_norm(h, model.final_norm, cfg.norm_eps)
 
 
@@ -167,12 +174,14 @@ class KernelOps:
     attention: ScheduledAttention
     norm: AddRMSNorm  # the residual add folded into the norm that follows it
     silu_mul: SiluMul
+    # (x, topk_ids, topk_weights, w_gate_up, w_down) -> [T, D]: the routed experts of MoE families
+    moe_experts: object = MoEExperts
 
 
 def bind_kernels(config: ModelConfig, backend: str) -> KernelOps:
     return KernelOps(backend, FusedQKVRopeCache(backend, config.n_heads, config.n_kv_heads),
                      ScheduledAttention(backend, config.n_heads, config.n_kv_heads, config.head_dim),
-                     AddRMSNorm(backend), SiluMul(backend))
+                     AddRMSNorm(backend), SiluMul(backend), moe_experts=MoEExperts)
 
 
 def forward_cached(
@@ -187,15 +196,26 @@ def forward_cached(
 
     Each residual add is folded into the RMSNorm that follows it (the MLP's into the next layer's attention
     norm, the last one into the final norm, on the read-out rows only)."""
-    eps = model.config.norm_eps
+    cfg = model.config
+    eps = cfg.norm_eps
+    # QK-norm sits between the projection and RoPE, which the fused kernel does not do (yet): torch path
+    unfused_qkv = cfg.qk_norm or cfg.rope_dim != cfg.head_dim
     h = F.embedding(step.token_ids, model.embed)
     update = None
     for index, layer in enumerate(model.layers):
         h, x = ops.norm(h, update, layer.attn_norm, eps, inplace=True)
-        q = ops.fused_qkv(x, layer.w_qkv, layer.b_qkv, model.rope_cos, model.rope_sin, step.positions,
-                          step.write_rows, k_cache[index], v_cache[index])
+        if unfused_qkv:
+            q = cached_attention_inputs(cfg, x, layer.w_qkv, layer.b_qkv, layer.q_norm, layer.k_norm,
+                                        model.rope_cos, model.rope_sin, step.positions, step.write_rows,
+                                        k_cache[index], v_cache[index])
+        else:
+            q = ops.fused_qkv(x, layer.w_qkv, layer.b_qkv, model.rope_cos, model.rope_sin, step.positions,
+                              step.write_rows, k_cache[index], v_cache[index])
         attn = ops.attention(q, k_cache[index], v_cache[index], step.plan, score_out)
         h, x = ops.norm(h, F.linear(attn, layer.w_o), layer.ffn_norm, eps, inplace=True)
-        update = F.linear(ops.silu_mul(F.linear(x, layer.w_gate_up)), layer.w_down)
+        if layer.moe is not None:
+            update = mlp(x, layer, cfg, ops.moe_experts)
+        else:
+            update = F.linear(ops.silu_mul(F.linear(x, layer.w_gate_up)), layer.w_down)
     rows = step.hidden_rows
     return ops.norm(h.index_select(0, rows), update.index_select(0, rows), model.final_norm, eps)[1]

@@ -16,6 +16,7 @@ from flash_dllm.engine.weights import expected_shapes
 
 LLADA_SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|mdm_mask|>"]
 DREAM_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+LING_SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"]  # LLaDA-MoE, LLaDA2
 
 LLADA_TEMPLATE = (
     "{% for message in messages %}{% if loop.index0 == 0 %}{{ bos_token }}{% endif %}"
@@ -26,6 +27,14 @@ DREAM_TEMPLATE = (
     "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# The Ling chat format of LLaDA-MoE / LLaDA2: <role>HUMAN</role>text<|role_end|>...<role>ASSISTANT</role>
+LING_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<role>' + {'system': 'SYSTEM', 'user': 'HUMAN', 'assistant': 'ASSISTANT'}[message['role']] + '</role>' "
+    "+ message['content'] + '<|role_end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<role>ASSISTANT</role>' }}{% endif %}"
 )
 
 
@@ -52,11 +61,14 @@ def save_byte_tokenizer(folder: Path, family: str) -> dict[str, int]:
     backend = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    specials = LLADA_SPECIALS if family == "llada" else DREAM_SPECIALS
+    specials = {"llada": LLADA_SPECIALS, "dream": DREAM_SPECIALS}.get(family, LING_SPECIALS)
     backend.add_special_tokens(specials)
     if family == "llada":
         kwargs = dict(bos_token="<|startoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                       mask_token="<|mdm_mask|>", chat_template=LLADA_TEMPLATE)
+    elif family in ("llada-moe", "llada2"):
+        kwargs = dict(bos_token="<|startoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                      mask_token="<|mask|>", chat_template=LING_TEMPLATE)
     else:
         kwargs = dict(eos_token="<|endoftext|>", pad_token="<|endoftext|>", mask_token="<|mask|>",
                       chat_template=DREAM_TEMPLATE)
@@ -65,7 +77,34 @@ def save_byte_tokenizer(folder: Path, family: str) -> dict[str, int]:
     return {tok: backend.token_to_id(tok) for tok in specials}
 
 
+def tiny_moe_config_dict(spec: TinySpec, vocab: int, ids: dict[str, int]) -> dict:
+    """LLaDA-MoE / LLaDA2 config.json with their published keys (small sizes). mask_token_id / eos_token_id are
+    written out because the published defaults (156895 / 156892) lie outside a tiny vocabulary."""
+    common = {
+        "hidden_size": spec.d_model, "num_hidden_layers": spec.n_layers, "num_attention_heads": spec.n_heads,
+        "num_key_value_heads": spec.n_kv_heads, "vocab_size": vocab, "rope_theta": spec.rope_theta,
+        "max_position_embeddings": spec.max_seq_len, "tie_word_embeddings": False, "hidden_act": "silu",
+        "num_experts": 8, "num_experts_per_tok": 2, "mask_token_id": ids["<|mask|>"],
+        "eos_token_id": ids["<|endoftext|>"], "pad_token_id": ids["<|endoftext|>"],
+    }
+    if spec.family == "llada-moe":  # model_type "llada" as published: the architecture names the MoE
+        return {**common, "model_type": "llada", "architectures": ["LLaDAMoEModelLM"], "rms_norm_eps": 1e-5,
+                "expert_intermediate_size": 32, "dense_intermediate_size": spec.mlp_hidden,
+                "shared_expert_intermediate_size": None, "moe_layer_freq": [1] * spec.n_layers,
+                "qk_layernorm": True, "norm_topk_prob": False, "moe_router_enable_expert_bias": False,
+                "moe_router_score_function": "softmax", "partial_rotary_factor": 1.0, "attention_bias": False,
+                "clip_qkv": None, "router_aux_loss_coef": 0.01}
+    return {**common, "model_type": "llada2_moe", "architectures": ["LLaDA2MoeModelLM"], "rms_norm_eps": 1e-6,
+            "head_dim": spec.d_model // spec.n_heads, "intermediate_size": spec.mlp_hidden,
+            "moe_intermediate_size": 32, "num_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 4,
+            "topk_group": 2, "routed_scaling_factor": 2.5, "score_function": "sigmoid", "norm_topk_prob": True,
+            "moe_router_enable_expert_bias": True, "partial_rotary_factor": 0.5, "use_qk_norm": True,
+            "use_qkv_bias": False, "use_bias": False, "norm_head": False, "router_dtype": "fp32"}
+
+
 def tiny_config_dict(spec: TinySpec, vocab: int, ids: dict[str, int]) -> dict:
+    if spec.family in ("llada-moe", "llada2"):
+        return tiny_moe_config_dict(spec, vocab, ids)
     if spec.family == "llada":
         return {
             "model_type": "llada", "architectures": ["LLaDAModelLM"], "d_model": spec.d_model,
@@ -97,7 +136,7 @@ def random_state(config_dict: dict, spec: TinySpec) -> dict[str, torch.Tensor]:
         else:
             std = spec.logit_scale / shape[1] ** 0.5 if ("ff_out.weight" in name and "blocks" not in name) or name == "lm_head.weight" else shape[1] ** -0.5
             value = std * torch.randn(shape, generator=gen)
-            if "wte" in name or "embed_tokens" in name:
+            if "wte" in name or "embed_tokens" in name or "word_embeddings" in name:
                 value = torch.randn(shape, generator=gen)
         state[name] = value.contiguous()
     return state

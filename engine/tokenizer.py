@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flash_dllm.engine.config import ModelConfig
-
-END_OF_TURN = {"llada": "<|eot_id|>", "dream": "<|im_end|>"}
+from flash_dllm.engine.families import FAMILY_DEFAULTS
 
 
 class PromptError(ValueError):
@@ -24,12 +23,14 @@ class ChatTokenizer:
 
     @property
     def end_ids(self) -> frozenset[int]:
-        """EOS plus the family's end-of-turn token: the answer ends at the first one committed."""
+        """EOS plus the family's end tokens this tokenizer has (end of turn; DiffuCoder's <|dlm_pad|>): the
+        answer ends at the first one committed."""
         ids = {self.config.eos_id}
-        eot = self.tokenizer.convert_tokens_to_ids(END_OF_TURN[self.config.family])
         unk = getattr(self.tokenizer, "unk_token_id", None)
-        if isinstance(eot, int) and eot >= 0 and eot != unk:
-            ids.add(eot)
+        for token in FAMILY_DEFAULTS[self.config.family].end_tokens:
+            found = self.tokenizer.convert_tokens_to_ids(token)
+            if isinstance(found, int) and found >= 0 and found != unk:
+                ids.add(found)
         return frozenset(ids)
 
     def encode(self, conversation, use_chat_template: bool = True) -> list[int]:

@@ -9,6 +9,7 @@ import torch
 
 from flash_dllm.engine.config import ModelConfig, load_config
 from flash_dllm.engine.model import DiffusionLM, LayerWeights, rope_tables
+from flash_dllm.engine.moe_model import MoEWeights
 
 
 class WeightsError(ValueError):
@@ -59,25 +60,100 @@ def dream_names(cfg: ModelConfig) -> dict:
     }
 
 
+def llada_moe_names(cfg: ModelConfig) -> dict:
+    """Tensor names of LLaDA-MoE's layout (inclusionAI/LLaDA-MoE-7B-A1B-Instruct: OLMoE-like)."""
+    block = "model.layers.{i}."
+    names = dream_names(cfg)  # the same Llama-style names for embedding, norms, projections and a dense MLP
+    for key in ("q_bias", "k_bias", "v_bias"):
+        names[key] = None
+    names.update({
+        "q_norm": block + "self_attn.q_norm.weight", "k_norm": block + "self_attn.k_norm.weight",
+        "router": block + "mlp.gate.weight", "expert_bias": block + "mlp.expert_bias",
+        "expert": block + "mlp.experts.{e}.{proj}.weight",
+        "shared": block + "shared_expert.{proj}.weight",  # on the decoder layer, beside mlp
+    })
+    return names
+
+
+def llada2_names(cfg: ModelConfig) -> dict:
+    """Tensor names of LLaDA2's layout (inclusionAI/LLaDA2.0-mini: Ling 2.0 / BailingMoeV2)."""
+    block = "model.layers.{i}."
+    return {
+        "embed": "model.word_embeddings.weight",
+        "final_norm": "model.norm.weight",
+        "lm_head": None if cfg.tie_embeddings else "lm_head.weight",
+        "attn_norm": block + "input_layernorm.weight",
+        "qkv": block + "attention.query_key_value.weight",  # q heads, then k heads, then v heads
+        "qkv_bias": block + "attention.query_key_value.bias",
+        "q_norm": block + "attention.query_layernorm.weight",
+        "k_norm": block + "attention.key_layernorm.weight",
+        "o": block + "attention.dense.weight",
+        "ffn_norm": block + "post_attention_layernorm.weight",
+        "gate": block + "mlp.gate_proj.weight",
+        "up": block + "mlp.up_proj.weight",
+        "down": block + "mlp.down_proj.weight",
+        "router": block + "mlp.gate.weight",
+        "expert_bias": block + "mlp.gate.expert_bias",
+        "expert": block + "mlp.experts.{e}.{proj}.weight",
+        "shared": block + "mlp.shared_experts.{proj}.weight",
+    }
+
+
+NAMES = {"llada": llada_names, "dream": dream_names, "llada-moe": llada_moe_names, "llada2": llada2_names}
+
+
 def tensor_names(cfg: ModelConfig) -> dict:
-    return llada_names(cfg) if cfg.family == "llada" else dream_names(cfg)
+    return NAMES[cfg.family](cfg)
+
+
+def _ffn_shapes(cfg: ModelConfig, names: dict, i: int) -> dict[str, tuple[int, ...]]:
+    """The feed-forward tensors of layer i: a dense SwiGLU, or router + experts (+ shared expert)."""
+    d = cfg.d_model
+    if cfg.moe is None or not cfg.moe.is_moe_layer(i):
+        f = cfg.mlp_hidden
+        return {names[key].format(i=i): shape for key, shape in
+                (("gate", (f, d)), ("up", (f, d)), ("down", (d, f)))}
+    moe = cfg.moe
+    shapes = {names["router"].format(i=i): (moe.n_experts, d)}
+    if moe.expert_bias:
+        shapes[names["expert_bias"].format(i=i)] = (moe.n_experts,)
+    for e in range(moe.n_experts):
+        shapes.update(_swiglu_shapes(names["expert"], i, moe.expert_hidden, d, e))
+    if moe.n_shared_experts:
+        shapes.update(_swiglu_shapes(names["shared"], i, moe.n_shared_experts * moe.shared_hidden, d))
+    return shapes
+
+
+def _swiglu_shapes(pattern: str, i: int, f: int, d: int, e: int | None = None) -> dict[str, tuple[int, ...]]:
+    return {pattern.format(i=i, e=e, proj=proj): shape for proj, shape in
+            (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f)))}
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the model needs with its shape, so a wrong checkpoint fails before any math runs."""
-    names, d, f = tensor_names(cfg), cfg.d_model, cfg.mlp_hidden
+    names, d = tensor_names(cfg), cfg.d_model
     q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     shapes = {names["embed"]: (cfg.vocab_size, d), names["final_norm"]: (d,)}
     if names["lm_head"]:
         shapes[names["lm_head"]] = (cfg.vocab_size, d)
     for i in range(cfg.n_layers):
-        per = {
-            "attn_norm": (d,), "q": (q_out, d), "k": (kv_out, d), "v": (kv_out, d), "o": (d, q_out),
-            "ffn_norm": (d,), "gate": (f, d), "up": (f, d), "down": (d, f),
-        }
-        if cfg.qkv_bias:
-            per.update({"q_bias": (q_out,), "k_bias": (kv_out,), "v_bias": (kv_out,)})
+        # Keep this order: engine/tiny.py draws its random weights in it, so the tiny models stay the same
+        per = {"attn_norm": (d,)}
+        if "qkv" in names:
+            per["qkv"] = (q_out + 2 * kv_out, d)
+        else:
+            per.update({"q": (q_out, d), "k": (kv_out, d), "v": (kv_out, d)})
+        per.update({"o": (d, q_out), "ffn_norm": (d,)})
         for key, shape in per.items():
+            shapes[names[key].format(i=i)] = shape
+        shapes.update(_ffn_shapes(cfg, names, i))
+        extra = {}
+        if cfg.qkv_bias:
+            extra.update({"qkv_bias": (q_out + 2 * kv_out,)} if "qkv" in names else
+                         {"q_bias": (q_out,), "k_bias": (kv_out,), "v_bias": (kv_out,)})
+        if cfg.qk_norm:
+            extra.update({"q_norm": (cfg.head_dim,), "k_norm": (cfg.head_dim,)})
+        for key, shape in extra.items():
             shapes[names[key].format(i=i)] = shape
     return shapes
 
@@ -88,29 +164,51 @@ def model_from_state(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> DiffusionLM:
-    """Build the model from a name -> tensor mapping. Differentiable when the tensors require grad."""
+    """Build the model from a name -> tensor mapping. Differentiable when the tensors require grad.
+    Routed experts are stacked per layer into [E, 2F, D] (gate rows then up rows) and [E, D, F]."""
     names = tensor_names(cfg)
 
+    def load(name: str, keep_dtype: torch.dtype | None = None) -> torch.Tensor:
+        tensor = state[name]
+        return tensor.to(device=device or tensor.device, dtype=keep_dtype or dtype or tensor.dtype)
+
     def get(key: str, i: int | None = None) -> torch.Tensor:
-        tensor = state[names[key].format(i=i) if i is not None else names[key]]
-        return tensor.to(device=device or tensor.device, dtype=dtype or tensor.dtype)
+        return load(names[key].format(i=i) if i is not None else names[key])
+
+    def swiglu(pattern: str, i: int, e: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        part = {proj: load(pattern.format(i=i, e=e, proj=proj)) for proj in ("gate_proj", "up_proj", "down_proj")}
+        return torch.cat([part["gate_proj"], part["up_proj"]]), part["down_proj"]
 
     layers = []
     for i in range(cfg.n_layers):
-        bias = torch.cat([get("q_bias", i), get("k_bias", i), get("v_bias", i)]) if cfg.qkv_bias else None
+        if "qkv" in names:
+            w_qkv, bias = get("qkv", i), get("qkv_bias", i) if cfg.qkv_bias else None
+        else:
+            w_qkv = torch.cat([get("q", i), get("k", i), get("v", i)])
+            bias = torch.cat([get("q_bias", i), get("k_bias", i), get("v_bias", i)]) if cfg.qkv_bias else None
+        moe, w_gate_up, w_down = None, None, None
+        if cfg.moe is not None and cfg.moe.is_moe_layer(i):
+            experts = [swiglu(names["expert"], i, e) for e in range(cfg.moe.n_experts)]
+            moe = MoEWeights(router=get("router", i),
+                             expert_bias=load(names["expert_bias"].format(i=i), torch.float32)
+                             if cfg.moe.expert_bias else None,
+                             w_gate_up=torch.stack([gate_up for gate_up, _ in experts]),
+                             w_down=torch.stack([down for _, down in experts]))
+            del experts
+            if cfg.moe.n_shared_experts:
+                w_gate_up, w_down = swiglu(names["shared"], i)
+        else:
+            w_gate_up, w_down = torch.cat([get("gate", i), get("up", i)]), get("down", i)
         layers.append(
             LayerWeights(
-                attn_norm=get("attn_norm", i),
-                w_qkv=torch.cat([get("q", i), get("k", i), get("v", i)]),
-                b_qkv=bias,
-                w_o=get("o", i),
-                ffn_norm=get("ffn_norm", i),
-                w_gate_up=torch.cat([get("gate", i), get("up", i)]),
-                w_down=get("down", i),
+                attn_norm=get("attn_norm", i), w_qkv=w_qkv, b_qkv=bias, w_o=get("o", i),
+                ffn_norm=get("ffn_norm", i), w_gate_up=w_gate_up, w_down=w_down,
+                q_norm=get("q_norm", i) if cfg.qk_norm else None, k_norm=get("k_norm", i) if cfg.qk_norm else None,
+                moe=moe,
             )
         )
     embed = get("embed")
-    cos, sin = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.max_seq_len, embed.device)
+    cos, sin = rope_tables(cfg.rope_dim, cfg.rope_theta, cfg.max_seq_len, embed.device)
     return DiffusionLM(
         config=cfg,
         embed=embed,
