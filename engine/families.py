@@ -16,6 +16,7 @@ from flash_dllm.engine.settings import SettingsError
 
 ALL_METHODS = ("llada", "fast-dllm", "flash-cache", "flash-verify")
 BLOCK_DIFFUSION = "block-diffusion"  # LLaDA2's block decoder (commits a block, caches it, moves on)
+BLOCK_METHODS = (BLOCK_DIFFUSION, "block-diffusion-verify")  # the second adds Flash-Verify inside the block
 
 
 class MethodNotSupported(SettingsError):
@@ -68,7 +69,7 @@ FAMILY_DEFAULTS: dict[str, FamilyDefaults] = {
         algorithm="low-confidence remasking, semi-autoregressive blocks (LLaDA's generate)", end_tokens=LING_END,
         source="inclusionAI/LLaDA-MoE-7B-A1B-Instruct README"),
     "llada2": FamilyDefaults(
-        "llada2", (BLOCK_DIFFUSION,), gen_length=512, block_length=32, steps=32, temperature=0.0, threshold=0.95,
+        "llada2", BLOCK_METHODS, gen_length=512, block_length=32, steps=None, temperature=0.0, threshold=0.95,
         algorithm="block diffusion: each 32-token block decoded with a 0.95 confidence threshold (at most 32 "
                   "steps), committed to the KV cache, then the next block; stops at EOS",
         end_tokens=LING_END, source="inclusionAI/LLaDA2.0-mini README (model.generate)"),
@@ -127,10 +128,12 @@ def defaults_for(config: ModelConfig, name: str | None = None) -> FamilyDefaults
 
 
 def check_method(config: ModelConfig, method: str) -> None:
-    """MethodNotSupported (one line, naming the methods that work) when ``method`` is not exact for the family."""
-    allowed = FAMILY_DEFAULTS[config.family].methods
+    """MethodNotSupported (one line, naming the methods that work) when ``method`` is not exact for the model:
+    a block-diffusion model (config.block_size) decodes with the block methods only, the others with their
+    family's list (settings.validate applies the same rule through settings.model_refusal)."""
+    allowed = BLOCK_METHODS if config.block_size else FAMILY_DEFAULTS[config.family].methods
     if method not in allowed:
-        why = (" (its attention is causal across 32-token blocks, so only the block decoder is exact)"
-               if config.block_size else "")
+        why = (f" (its attention is causal across {config.block_size}-token blocks, so only the block decoder is "
+               "exact)" if config.block_size else "")
         raise MethodNotSupported(f"{config.family} models decode with {', '.join(allowed)}{why}; "
                                  f"method {method!r} is not supported for them")

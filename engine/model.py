@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from flash_dllm.engine.config import ModelConfig
-from flash_dllm.engine.moe_model import MoEExperts, MoEWeights, attention_inputs, cached_attention_inputs, moe_mlp
+from flash_dllm.engine.moe_model import MoEWeights, attention_inputs, cached_attention_inputs, moe_mlp
 from flash_dllm.kernels.add_rms_norm import AddRMSNorm
 from flash_dllm.kernels.fused_qkv_rope_cache import FusedQKVRopeCache
+from flash_dllm.kernels.moe_experts import MoEExperts
 from flash_dllm.kernels.silu_mul import SiluMul
 from flash_dllm.kernels.scheduled_attention import AttentionPlan, ScheduledAttention
 
@@ -175,13 +176,13 @@ class KernelOps:
     norm: AddRMSNorm  # the residual add folded into the norm that follows it
     silu_mul: SiluMul
     # (x, topk_ids, topk_weights, w_gate_up, w_down) -> [T, D]: the routed experts of MoE families
-    moe_experts: object = MoEExperts
+    moe_experts: MoEExperts
 
 
 def bind_kernels(config: ModelConfig, backend: str) -> KernelOps:
     return KernelOps(backend, FusedQKVRopeCache(backend, config.n_heads, config.n_kv_heads),
                      ScheduledAttention(backend, config.n_heads, config.n_kv_heads, config.head_dim),
-                     AddRMSNorm(backend), SiluMul(backend), moe_experts=MoEExperts)
+                     AddRMSNorm(backend), SiluMul(backend), MoEExperts(backend))
 
 
 def forward_cached(

@@ -1,6 +1,6 @@
 """The parts of LLaDA-MoE and LLaDA2 that LLaDA and Dream lack: the expert MLP (router, routed experts, shared
-expert) and the attention input with per-head QK-norm and partial RoPE. Plain PyTorch, no host syncs (the
-decode step runs in a CUDA graph); engine/model.py calls these from both forward paths.
+expert) and the attention input with per-head QK-norm and partial RoPE. Plain PyTorch; routing has no host syncs
+(the decode step runs in a CUDA graph); engine/model.py calls these from both forward paths.
 
 Routing (``route``), re-derived from the published modeling code:
   * LLaDA-MoE (OLMoE style): p = softmax(x W_r^T) over all experts (fp32); the K largest of p (+ expert bias
@@ -9,8 +9,9 @@ Routing (``route``), re-derived from the published modeling code:
   * LLaDA2 (Ling 2.0): s = sigmoid(x W_r^T) in fp32; experts are chosen on s + expert_bias, restricted to
     the topk_group best of n_group groups (a group scores the sum of its 2 best biased scores); the weights
     are the *unbiased* s of the chosen experts, divided by their sum, times routed_scaling_factor.
-The routed experts then run through ONE call with the contract of kernels/moe_experts.py (see ``MoEExperts``
-below); the shared expert is a dense SwiGLU added to it.
+The routed experts then run through ONE call with the contract of kernels/moe_experts.py: the cached path passes
+the op bound once (KernelOps.moe_experts: the Triton kernel on CUDA), the whole-sequence path its plain reference;
+the shared expert is a dense SwiGLU added to it.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 
 from flash_dllm.engine.config import ModelConfig, MoEConfig
 from flash_dllm.kernels.fused_qkv_rope_cache import rope_rotate_half
+from flash_dllm.kernels.moe_experts import moe_experts_reference
 
 
 @dataclass
@@ -50,49 +52,12 @@ def route(x: torch.Tensor, moe: MoEWeights, cfg: MoEConfig) -> tuple[torch.Tenso
     return ids, weights * cfg.routed_scaling
 
 
-def moe_experts_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                          w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    """sum_k w[t,k] * down_e(silu(gate_e x_t) * up_e x_t) with e = topk_ids[t,k], in x's dtype.
-
-    No data-dependent sizes anywhere (no host sync: this can run inside a CUDA graph). The way is chosen from
-    static shapes: when the T*K (token, expert) pairs outnumber the experts, every expert runs once over all
-    tokens with a combine weight that is zero for tokens that did not choose it (each expert's weights read
-    once); otherwise each token's K experts are gathered and run as batched matmuls (K expert matrices read
-    per token, which is what a decode step of a few tokens costs anyway). The grouped Triton kernel
-    (kernels/moe_experts.py) computes only the chosen pairs and reads each expert once."""
-    tokens, top_k = topk_ids.shape
-    n_experts = w_gate_up.shape[0]
-    if tokens * top_k >= n_experts:
-        combine = torch.zeros(tokens, n_experts, device=x.device, dtype=torch.float32)
-        combine.scatter_add_(1, topk_ids, topk_weights.float())
-        out = torch.zeros(tokens, x.shape[1], device=x.device, dtype=torch.float32)
-        for e in range(n_experts):
-            gate, up = F.linear(x, w_gate_up[e]).chunk(2, dim=-1)
-            out += combine[:, e:e + 1] * F.linear(F.silu(gate) * up, w_down[e]).float()
-        return out.to(x.dtype)
-    per_token = top_k * (w_gate_up[0].numel() + w_down[0].numel()) * w_gate_up.element_size()
-    chunk = max(1, min(tokens, (256 << 20) // max(1, per_token)))  # about 256 MiB of gathered weights per chunk
-    out = []
-    for start in range(0, tokens, chunk):
-        ids = topk_ids[start:start + chunk]
-        gate_up = torch.matmul(w_gate_up[ids], x[start:start + chunk, None, :, None]).squeeze(-1)  # [t, K, 2F]
-        gate, up = gate_up.chunk(2, dim=-1)
-        down = torch.matmul(w_down[ids], (F.silu(gate) * up)[..., None]).squeeze(-1)  # [t, K, D]
-        out.append((down.float() * topk_weights[start:start + chunk, :, None].float()).sum(1))
-    return torch.cat(out).to(x.dtype) if out else x.new_zeros(0, x.shape[1])
-
-
-# The single place the routed experts are called from (both forward paths). The lead switches it to
-# flash_dllm.kernels.moe_experts.MoEExperts (same signature) when that kernel lands.
-MoEExperts = moe_experts_reference
-
-
 def moe_mlp(x: torch.Tensor, moe: MoEWeights, cfg: MoEConfig, shared_gate_up: torch.Tensor | None,
             shared_down: torch.Tensor | None, experts=None) -> torch.Tensor:
     """The expert MLP of any leading shape [..., D]: routed experts plus the shared expert (when present)."""
     flat = x.reshape(-1, x.shape[-1])
     ids, weights = route(flat, moe, cfg)
-    out = (experts or MoEExperts)(flat, ids, weights, moe.w_gate_up, moe.w_down)
+    out = (experts or moe_experts_reference)(flat, ids, weights, moe.w_gate_up, moe.w_down)
     if shared_gate_up is not None:
         gate, up = F.linear(flat, shared_gate_up).chunk(2, dim=-1)
         out = out + F.linear(F.silu(gate) * up, shared_down)

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from flash_dllm.engine.model import CachedStep, bind_kernels, forward_cached, forward_full, forward_hidden, lm_logits
-from flash_dllm.engine.moe_model import moe_experts_reference, route
+from flash_dllm.engine.moe_model import route
+from flash_dllm.kernels.moe_experts import moe_experts_reference
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 from flash_dllm.engine.weights import load_model
 from flash_dllm.kernels.scheduled_attention import build_plan

@@ -86,8 +86,8 @@ def test_published_defaults_by_checkpoint_then_family(tiny_dream, tiny_moe_folde
     assert defaults_for(dream, "some/other-dream") == FAMILY_DEFAULTS["dream"]
     assert defaults_for(dream, "inclusionAI/LLaDA2.0-mini") == FAMILY_DEFAULTS["dream"]  # family mismatch
     llada2 = defaults_for(load_model(tiny_moe_folders["llada2"]).config)
-    assert llada2.settings_overrides() == {"gen_length": 512, "block_length": 32, "steps": 32, "temperature": 0.0,
-                                           "threshold": 0.95, "method": BLOCK_DIFFUSION}
+    assert llada2.settings_overrides() == {"gen_length": 512, "block_length": 32, "temperature": 0.0,
+                                           "threshold": 0.95, "method": BLOCK_DIFFUSION}  # 32 steps a block at most
     assert FAMILY_DEFAULTS["dream"].settings_overrides()["block_length"] == 512  # one block: the whole answer
 
 
