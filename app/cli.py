@@ -56,7 +56,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     source.add_argument("--batch-file", type=Path, help="a file with one prompt per line, decoded as one batch")
     p.add_argument("prompt_text", nargs="?", metavar="PROMPT", help="the user message (same as --prompt)")
     p.add_argument("--system", help="system prompt")
-    p.add_argument("--method", choices=list(METHODS), help=f"decoding method (default {d.method})")
+    p.add_argument("--method", choices=list(METHODS), help=f"decoding method (default {d.method}; block-diffusion for a block-diffusion model such as LLaDA2)")
     p.add_argument("--gen-length", type=int, help=f"answer length in tokens (default {d.gen_length})")
     p.add_argument("--block-length", type=int, help=f"semi-autoregressive block length (default {d.block_length})")
     p.add_argument("--steps", type=int, help="llada: total denoising steps (default: the answer length)")
@@ -258,6 +258,8 @@ def run_generate(args) -> int:
         [{"role": "system", "content": args.system}, {"role": "user", "content": p}] if args.system else p
         for p in prompts
     ]
+    if args.method is None:  # the model's own default (a block-diffusion model decodes only with its block method)
+        settings = settings.with_overrides(method=engine.default_method)
     results = engine.generate(conversations, settings)
     if args.json:
         doc = results[0].to_dict() if args.batch_file is None else batch_summary(results, model).to_dict()

@@ -126,11 +126,18 @@ class Engine:
     def device(self) -> torch.device:
         return self.model.device
 
+    @property
+    def default_method(self) -> str:
+        """The method a request that names none should use: the model's block method for a block-diffusion
+        model (the only ones exact for it), else the engine's default."""
+        return "block-diffusion" if self.model.config.block_size else GenerationSettings().method
+
     def describe(self) -> dict:
         cfg = self.model.config
         return {"model": self.name, "family": cfg.family, "device": str(self.device),
                 "dtype": str(self.model.dtype).replace("torch.", ""), "kernels": self.kernels,
-                "graphs": self.graphs, "params": cfg.n_params, "max_context": cfg.max_seq_len}
+                "graphs": self.graphs, "params": cfg.n_params, "max_context": cfg.max_seq_len,
+                "default_method": self.default_method}
 
     def fit_conversation(self, conversation: list[dict], settings: GenerationSettings) -> tuple[list[dict], int]:
         """Leave out the oldest messages until the prompt plus ``gen_length`` fit the model's context. The

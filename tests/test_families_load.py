@@ -69,6 +69,18 @@ def test_llada_moe_generates_greedily_through_the_cli(fake_hub, tiny_moe_folders
     assert all(0 <= t < model.config.vocab_size and t != model.config.mask_id for t in first["token_ids"])
 
 
+def test_llada2_generates_through_the_cli_with_its_block_method_by_default(fake_hub, tiny_moe_folders, capsys):
+    fake_hub.add_repo("tiny/llada2", tiny_moe_folders["llada2"])
+    base = ["generate", "--model", "tiny/llada2", "--prompt", "hi", "--gen-length", "32", "--kernels", "torch", "--json"]
+    assert main(base) == 0
+    chosen = json.loads(capsys.readouterr().out)
+    assert chosen["method"] == "block-diffusion" and len(chosen["token_ids"]) > 0
+    assert main(base + ["--method", "block-diffusion"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == chosen["token_ids"]
+    assert main(base + ["--method", "flash-cache"]) != 0
+    assert "block-diffusion" in capsys.readouterr().err
+
+
 def test_llada2_allows_only_the_block_decoder(tiny_moe_folders):
     cfg = load_model(tiny_moe_folders["llada2"]).config
     for method in ("llada", "fast-dllm", "flash-cache", "flash-verify"):
