@@ -7,7 +7,10 @@ A method is put together from three parts, each with its own documented call ord
   * optionally a verifier: Flash-Verify's draft-and-verify pass after the commit (engine/verify.py,
     engine/device_verify.py), which the loop calls when the method has one.
 `build_device` gives the production decoder's method (tensor operations, CUDA-graph friendly) and
-`build_reference` the host reference it is tested against. Importing this module imports no torch.
+`build_reference` the host reference it is tested against. `end_rule` is the method's default end rule
+(engine/sequence.py explains both): the published samplers' own for the methods that reproduce published code
+token for token, the early stop for Flash-dLLM's methods (whose published code stops at the end token too).
+Importing this module imports no torch.
 """
 from __future__ import annotations
 
@@ -22,12 +25,18 @@ class Method:
     build_device: Callable  # (settings, canvas, shift) -> device_plan.DeviceMethod
     build_reference: Callable  # (settings, shift) -> (strategies.Strategy, refresh.RefreshPolicy)
     verify: bool = False  # Flash-Verify's pass follows each step's commit
+    end_rule: str = "stop"  # default of GenerationSettings.end_rule: "official" | "stop"
+
+
+def _bound(method, s, canvas):
+    method.bind(canvas, s.resolved_end_rule == "official")
+    return method
 
 
 def _llada_device(s, canvas, shift):
     from flash_dllm.engine.device_plan import LladaTopK
 
-    return LladaTopK(canvas, s.block_length, s.total_steps // s.n_blocks, s.cfg_scale, shift)
+    return _bound(LladaTopK(canvas, s.block_length, s.total_steps // s.n_blocks, s.cfg_scale, shift), s, canvas)
 
 
 def _llada_reference(s, shift):
@@ -40,7 +49,7 @@ def _llada_reference(s, shift):
 def _fast_dllm_device(s, canvas, shift):
     from flash_dllm.engine.device_plan import FastDllm
 
-    return FastDllm(canvas, s.block_length, s.cache_mode, shift)
+    return _bound(FastDllm(canvas, s.block_length, s.cache_mode, shift), s, canvas)
 
 
 def _fast_dllm_reference(s, shift):
@@ -54,7 +63,7 @@ def _fast_dllm_reference(s, shift):
 def _flash_cache_device(s, canvas, shift):
     from flash_dllm.engine.device_plan import FlashCache
 
-    return FlashCache(canvas, s.window, s.lookahead, s.track, shift)
+    return _bound(FlashCache(canvas, s.window, s.lookahead, s.track, shift), s, canvas)
 
 
 def _flash_cache_reference(s, shift):
@@ -66,9 +75,9 @@ def _flash_cache_reference(s, shift):
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("llada", "LLaDA reference: full forward every step, semi-autoregressive blocks, top-k low-confidence "
-                    "remasking", _llada_device, _llada_reference),
+                    "remasking", _llada_device, _llada_reference, end_rule="official"),
     Method("fast-dllm", "Fast-dLLM: block KV cache (dual or prefix) with confidence-threshold parallel decoding",
-           _fast_dllm_device, _fast_dllm_reference),
+           _fast_dllm_device, _fast_dllm_reference, end_rule="official"),
     Method("flash-cache", "Flash-Cache: sliding masked window, look-ahead masks and attention-tracked tokens; the "
                           "rest from cache", _flash_cache_device, _flash_cache_reference),
     Method("flash-verify", "Flash-Cache + Flash-Verify: the model drafts low-confidence tokens and verifies them "
@@ -78,3 +87,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 
 def descriptions() -> dict[str, str]:
     return {name: method.description for name, method in METHODS.items()}
+
+
+def default_end_rules() -> dict[str, str]:
+    return {name: method.end_rule for name, method in METHODS.items()}

@@ -4,9 +4,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from flash_dllm.engine.methods import descriptions
+from flash_dllm.engine.methods import default_end_rules, descriptions
 
 METHODS = descriptions()  # name -> what it does (the registry, engine/methods.py, is the source)
+END_RULES = ("official", "stop")  # engine/sequence.py explains them
 ACCEPTANCE_RULES = ("paper", "cumulative")
 CACHE_MODES = ("dual", "prefix")
 MIN_TEMPERATURE = 1e-3
@@ -34,6 +35,7 @@ class GenerationSettings:
     acceptance: str = "paper"
     max_candidates: int | None = None  # flash-verify: default window // 2
     use_chat_template: bool = True
+    end_rule: str | None = None  # "official" | "stop"; None: the method's default (engine/methods.py)
 
     def with_overrides(self, **changes) -> "GenerationSettings":
         known = {f.name for f in fields(self)}
@@ -41,6 +43,10 @@ class GenerationSettings:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def resolved_end_rule(self) -> str:
+        return self.end_rule if self.end_rule is not None else default_end_rules().get(self.method, "stop")
 
     @property
     def n_blocks(self) -> int:
@@ -99,6 +105,8 @@ def validate(settings: GenerationSettings, max_context: int | None = None, promp
         raise SettingsError(f"gamma must be > 0 (got {s.gamma}); above 1 accepts no draft")
     if s.acceptance not in ACCEPTANCE_RULES:
         raise SettingsError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)} (got {s.acceptance!r})")
+    if s.end_rule is not None and s.end_rule not in END_RULES:
+        raise SettingsError(f"end rule must be one of {', '.join(END_RULES)} (got {s.end_rule!r})")
     if s.max_candidates is not None and s.max_candidates < 1:
         raise SettingsError(f"max candidates must be at least 1 (got {s.max_candidates})")
     if max_context is not None and prompt_tokens is not None:
