@@ -73,6 +73,19 @@ def _flash_cache_reference(s, shift):
     return WindowThreshold(s.window, s.threshold), FlashCachePolicy(s.lookahead, s.track, shift)
 
 
+def _dream_device(s, canvas, shift):
+    from flash_dllm.engine.dream_sampler import DreamDevice
+
+    return _bound(DreamDevice(canvas, s, shift), s, canvas)
+
+
+def _dream_reference(s, shift):
+    from flash_dllm.engine.dream_sampler import DreamSchedule
+    from flash_dllm.engine.refresh import Everything
+
+    return DreamSchedule(s), Everything()
+
+
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("llada", "LLaDA reference: full forward every step, semi-autoregressive blocks, top-k low-confidence "
                     "remasking", _llada_device, _llada_reference, end_rule="official"),
@@ -82,6 +95,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
                           "rest from cache", _flash_cache_device, _flash_cache_reference),
     Method("flash-verify", "Flash-Cache + Flash-Verify: the model drafts low-confidence tokens and verifies them "
                            "itself", _flash_cache_device, _flash_cache_reference, verify=True),
+    Method("dream", "Dream's diffusion_generate: full forward every step, no blocks, `steps` steps on an eps "
+                    "schedule, cells chosen by --alg (origin, maskgit_plus, topk_margin, entropy)",
+           _dream_device, _dream_reference, end_rule="official"),
 )}
 
 

@@ -8,6 +8,7 @@ from flash_dllm.engine.methods import default_end_rules, descriptions
 
 METHODS = descriptions()  # name -> what it does (the registry, engine/methods.py, is the source)
 END_RULES = ("official", "stop")  # engine/sequence.py explains them
+DREAM_ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")  # engine/dream_sampler.py
 ACCEPTANCE_RULES = ("paper", "cumulative")
 CACHE_MODES = ("dual", "prefix")
 MIN_TEMPERATURE = 1e-3
@@ -36,6 +37,11 @@ class GenerationSettings:
     max_candidates: int | None = None  # flash-verify: default window // 2
     use_chat_template: bool = True
     end_rule: str | None = None  # "official" | "stop"; None: the method's default (engine/methods.py)
+    alg: str = "entropy"  # dream: which cells a step decodes (Dream's own demos and app use entropy)
+    alg_temp: float = 0.0  # dream: > 0 draws the cells from softmax(confidence / alg_temp)
+    top_p: float | None = None  # dream: nucleus filter before the softmax
+    top_k: int | None = None  # dream: top-k filter before the softmax
+    eps: float = 1e-3  # dream: the schedule's last time (timesteps = linspace(1, eps, steps + 1))
 
     def with_overrides(self, **changes) -> "GenerationSettings":
         known = {f.name for f in fields(self)}
@@ -75,7 +81,9 @@ def validate(settings: GenerationSettings, max_context: int | None = None, promp
         raise SettingsError(f"gen length must be at least 1 (got {s.gen_length})")
     if s.block_length < 1 or s.gen_length % s.block_length:
         raise SettingsError(f"gen length {s.gen_length} must be a positive multiple of block length {s.block_length}")
-    if s.steps is not None:
+    if s.method == "dream":
+        check_dream(s)
+    elif s.steps is not None:
         if s.steps < s.n_blocks or s.steps > s.gen_length or s.steps % s.n_blocks:
             raise SettingsError(
                 f"steps {s.steps} must be a multiple of the number of blocks ({s.n_blocks}) between {s.n_blocks} and {s.gen_length}"
@@ -111,6 +119,25 @@ def validate(settings: GenerationSettings, max_context: int | None = None, promp
         raise SettingsError(f"max candidates must be at least 1 (got {s.max_candidates})")
     if max_context is not None and prompt_tokens is not None:
         check_fits(s, max_context, prompt_tokens)
+
+
+def check_dream(s: GenerationSettings) -> None:
+    """Dream's sampler has no blocks: any number of steps from 1 to the answer length."""
+    if s.steps is not None and not 1 <= s.steps <= s.gen_length:
+        raise SettingsError(f"steps {s.steps} must be between 1 and the gen length {s.gen_length}")
+    if s.alg not in DREAM_ALGORITHMS:
+        raise SettingsError(f"alg must be one of {', '.join(DREAM_ALGORITHMS)} (got {s.alg!r})")
+    for name in ("alg_temp", "eps"):
+        value = getattr(s, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise SettingsError(f"{name.replace('_', ' ')} must be a finite number >= 0 (got {value})")
+    if not 0 < s.eps < 1:
+        raise SettingsError(f"eps must be in (0, 1) (got {s.eps})")
+    if s.top_p is not None and (isinstance(s.top_p, bool) or not isinstance(s.top_p, (int, float))
+                                or not 0 < s.top_p <= 1):
+        raise SettingsError(f"top p must be in (0, 1] (got {s.top_p})")
+    if s.top_k is not None and (isinstance(s.top_k, bool) or not isinstance(s.top_k, int) or s.top_k < 1):
+        raise SettingsError(f"top k must be an integer >= 1 (got {s.top_k})")
 
 
 def check_fits(settings: GenerationSettings, max_context: int, prompt_tokens: int) -> None:
