@@ -118,7 +118,7 @@ def test_device_decoder_equals_host_reference_when_answers_end_mid_window(ending
         assert any(r.finish_reason == "eos" and 0 < len(r.token_ids) < 32 for r in results)
 
 
-@pytest.mark.parametrize("variant", ["flash-cache", "flash-verify-paper", "fast-dllm-dual", "llada"])
+@pytest.mark.parametrize("variant", ["flash-cache", "flash-verify-paper", "fast-dllm-dual", "llada", "dream-entropy"])
 def test_sampling_with_a_seed_equals_the_reference_and_repeats(engine, variant):
     s = settings(temperature=0.8, seed=11, **VARIANTS[variant])
     first = compare(engine, s)
