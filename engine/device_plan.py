@@ -274,14 +274,16 @@ class LladaTopK(DeviceMethod):
 
     native_confidence = True
 
-    def __init__(self, canvas: DeviceCanvas, block_length: int, steps_per_block: int, cfg_scale: float, shift: bool):
+    def __init__(self, canvas: DeviceCanvas, block_length: int, steps_per_block: int, cfg_scale: float, shift: bool,
+                 gen_length: int | None = None):
         self.block_length, self.shift = block_length, shift
         self.steps_per_block = steps_per_block
         self.cfg_scale = cfg_scale
         self.forwards_per_step = 2 if cfg_scale > 0 else 1
         self.steady_rows = canvas.slot_len
         self.readout = min(2 * block_length, canvas.width)
-        self.step_limit = canvas.width // block_length * steps_per_block
+        # the schedule's steps: the answer's blocks (a scheduler's canvas is wider than the answer) times spb
+        self.step_limit = (gen_length or canvas.width) // block_length * steps_per_block
         self.block_masks = torch.zeros(canvas.n_slots, dtype=torch.int64, device=canvas.tokens.device)
 
     def plan(self, canvas: DeviceCanvas) -> QueryPlan:

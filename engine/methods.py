@@ -36,7 +36,8 @@ def _bound(method, s, canvas):
 def _llada_device(s, canvas, shift):
     from flash_dllm.engine.device_plan import LladaTopK
 
-    return _bound(LladaTopK(canvas, s.block_length, s.total_steps // s.n_blocks, s.cfg_scale, shift), s, canvas)
+    method = LladaTopK(canvas, s.block_length, s.total_steps // s.n_blocks, s.cfg_scale, shift, s.gen_length)
+    return _bound(method, s, canvas)
 
 
 def _llada_reference(s, shift):
