@@ -23,7 +23,8 @@ NO_GRAPHS_HELP = "run each decode step eagerly instead of replaying it as a CUDA
 # "unknown dtype", "kernel backend 'triton' needs"): engine messages name settings, the CLI adds its flag.
 SETTING_FLAGS = {"kernel backend": "--kernels", **{flag[2:].replace("-", " "): flag for flag in (
     "--method", "--gen-length", "--block-length", "--steps", "--threshold", "--temperature", "--cfg-scale", "--seed",
-    "--window", "--lookahead", "--track", "--gamma", "--acceptance", "--cache-mode", "--device", "--dtype")}}
+    "--window", "--lookahead", "--track", "--gamma", "--acceptance", "--cache-mode", "--device", "--dtype",
+    "--end-rule", "--alg", "--alg-temp", "--top-p", "--top-k")}}
 
 
 class CliError(Exception):
@@ -59,7 +60,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=list(METHODS), help=f"decoding method (default {d.method}; block-diffusion for a block-diffusion model such as LLaDA2)")
     p.add_argument("--gen-length", type=int, help=f"answer length in tokens (default {d.gen_length})")
     p.add_argument("--block-length", type=int, help=f"semi-autoregressive block length (default {d.block_length})")
-    p.add_argument("--steps", type=int, help="llada: total denoising steps (default: the answer length)")
+    p.add_argument("--steps", type=int, help="llada, dream: total denoising steps (default: the answer length)")
     p.add_argument("--threshold", type=float, help=f"confidence to commit a token, in (0, 1] (default {d.threshold})")
     p.add_argument("--temperature", type=float, help=f"sampling temperature; 0 is greedy (default {d.temperature})")
     p.add_argument("--cfg-scale", type=float, help=f"llada: classifier-free guidance scale (default {d.cfg_scale})")
@@ -71,6 +72,14 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=float, help=f"flash-verify: acceptance threshold (default {d.gamma})")
     p.add_argument("--acceptance", choices=list(ACCEPTANCE_RULES), help=f"flash-verify rule (default {d.acceptance})")
     p.add_argument("--cache-mode", choices=list(CACHE_MODES), help=f"fast-dllm: KV cache mode (default {d.cache_mode})")
+    p.add_argument("--end-rule", choices=["official", "stop"],
+                   help="official: cells after the end token are decoded on, as the published samplers do; stop: "
+                        "they become padding (default: official for llada, fast-dllm and dream, else stop)")
+    p.add_argument("--alg", choices=["origin", "maskgit_plus", "topk_margin", "entropy"],
+                   help=f"dream: which cells a step decodes (default {d.alg})")
+    p.add_argument("--alg-temp", type=float, help=f"dream: randomness of the cell order (default {d.alg_temp})")
+    p.add_argument("--top-p", type=float, help="dream: nucleus filter (default none)")
+    p.add_argument("--top-k", type=int, help="dream: top-k filter (default none)")
     p.add_argument("--device", default="auto", help="cuda, cuda:N, cpu or auto (default auto)")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
                    help="weights dtype (default: bf16 on GPU, fp32 on CPU)")
@@ -146,6 +155,7 @@ def settings_from(args):
         threshold=args.threshold, temperature=args.temperature, cfg_scale=args.cfg_scale, seed=args.seed,
         window=args.window, lookahead=args.lookahead, track=args.track, gamma=args.gamma,
         acceptance=args.acceptance, cache_mode=args.cache_mode, use_chat_template=not args.no_chat_template,
+        end_rule=args.end_rule, alg=args.alg, alg_temp=args.alg_temp, top_p=args.top_p, top_k=args.top_k,
     )
 
 

@@ -27,7 +27,7 @@ MAX_STOP_STRINGS = 4  # as OpenAI
 # The engine's own knobs, accepted as extra body fields, with the JSON type each must have.
 ENGINE_FIELDS = {"method": str, "threshold": float, "gamma": float, "block_length": int, "window": int,
                  "lookahead": int, "track": int, "steps": int, "max_candidates": int, "cfg_scale": float,
-                 "acceptance": str, "cache_mode": str}
+                 "acceptance": str, "cache_mode": str, "end_rule": str, "alg": str, "alg_temp": float, "top_k": int}
 # OpenAI fields the engine has no use for, accepted only at their neutral values (None is always neutral).
 NEUTRAL_VALUES = {"n": (1,), "top_p": (1, 1.0), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
                   "logit_bias": ({},), "logprobs": (False,), "top_logprobs": (0,), "tools": ([],),

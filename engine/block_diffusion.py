@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from flash_dllm.engine.device_canvas import DeviceCanvas
-from flash_dllm.engine.device_plan import DeviceMethod, first_cells, top_k_select
+from flash_dllm.engine.device_plan import DeviceMethod, ensure_progress, first_cells, top_k_select
 from flash_dllm.engine.device_verify import Verifier, VerifyLayout
 from flash_dllm.engine.model import CachedStep
 from flash_dllm.engine.packing import ATTENTION_BLOCK_M, KVCache, Layout, Packer, QueryPlan
@@ -120,7 +120,8 @@ class BlockDiffusion(DeviceMethod):
         confidences = preds.confidences.view(plan.cells.shape)
         scheduled = self.schedule[self.step_in_block.clamp(max=self.steps_per_block - 1)]
         quota = llada2_quota(confidences, plan.cells, canvas.threshold, scheduled)
-        return top_k_select(plan.cells, confidences, quota)
+        # a step whose chosen cells all predict [MASK] would repeat forever (greedy): commit the best real token
+        return ensure_progress(plan.cells, preds, top_k_select(plan.cells, confidences, quota), canvas.mask_id)
 
     def bind_session(self, session) -> None:
         """Called by DecodeSession: its packer lays out this method's block entries; a verifier hides the keys

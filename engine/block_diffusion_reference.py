@@ -25,7 +25,7 @@ from flash_dllm.engine.model import DiffusionLM, forward_full
 from flash_dllm.engine.sampling import DRAFT_PASS, noise_keys, predict
 from flash_dllm.engine.sequence import SequenceState
 from flash_dllm.engine.settings import GenerationSettings
-from flash_dllm.engine.strategies import split_evenly, top_k
+from flash_dllm.engine.strategies import ensure_progress, split_evenly, top_k
 
 
 def current_block(state: SequenceState, block_size: int) -> int:
@@ -73,10 +73,12 @@ def run_block_reference(model: DiffusionLM, settings: GenerationSettings, states
                 keys = noise_keys(seed, torch.tensor(state.steps, device=model.device), DRAFT_PASS, cell_ids)
                 temperature = torch.full((len(cells),), float(settings.temperature), dtype=torch.float64,
                                          device=model.device)
-            preds = predict(logits, temperature, keys)
+            preds = predict(logits, temperature, keys, mask_id=state.mask_id)
             tokens, confidences = preds.tokens.tolist(), preds.confidences.tolist()
             quota = schedule[min(step_in_block[state.index], steps_per_block - 1)]
             chosen = llada2_commit_indices(confidences, settings.threshold, quota)
+            chosen, tokens, confidences = ensure_progress(chosen, tokens, confidences, preds.fallback_tokens.tolist(),
+                                                          preds.fallback_confidences.tolist(), state.mask_id)
             state.begin_step()
             state.forward_passes += 1
             end_before = state.end

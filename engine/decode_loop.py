@@ -26,7 +26,7 @@ from flash_dllm.engine.device_plan import DeviceMethod
 from flash_dllm.engine.device_verify import Verifier, VerifyLayout
 from flash_dllm.engine.model import DiffusionLM, KernelOps, forward_cached, lm_logits
 from flash_dllm.engine.packing import KVCache, Layout, Packer, QueryPlan, groups_for
-from flash_dllm.engine.sampling import DRAFT_PASS, Predictions, noise_keys, predict
+from flash_dllm.engine.sampling import DRAFT_PASS, Predictions, noise_keys
 from flash_dllm.engine.step_records import HostRecord, StepRecords, step_events
 
 MAX_ROWS = 4096  # query rows per forward of an eager whole-sequence step (bounds its activation memory)
@@ -117,6 +117,7 @@ class DecodeSession:
         shape = plan.cells.shape
         tokens = torch.zeros(shape, dtype=torch.int64, device=plan.cells.device)
         confidences = torch.zeros(shape, dtype=torch.float64, device=plan.cells.device)
+        fallback, fallback_conf = torch.zeros_like(tokens), torch.zeros_like(confidences)
         for layout in layouts:
             lt = self.packer.tensors(layout)
             logits = self._logits(plan, layout)
@@ -126,13 +127,18 @@ class DecodeSession:
             slots = None if lt.all_slots else lt.index
             cells = plan.cells if slots is None else plan.cells[slots]
             keys, temperature = self._keys_and_temperature(slots, cells, DRAFT_PASS)
-            p = predict(logits, temperature, keys)
-            if slots is None:
-                tokens, confidences = p.tokens.view(shape), p.confidences.view(shape)
-            else:
-                tokens.index_copy_(0, slots, p.tokens.view(len(layout.slots), -1))
-                confidences.index_copy_(0, slots, p.confidences.view(len(layout.slots), -1))
-        return Predictions(tokens=tokens, confidences=confidences)
+            p = self.method.predict(logits, temperature, keys, cells.reshape(-1))
+            fields = [(tokens, p.tokens), (confidences, p.confidences), (fallback, p.fallback_tokens),
+                      (fallback_conf, p.fallback_confidences)]
+            for out, value in fields:  # every slot's row is written by exactly one layout
+                if value is None:
+                    continue
+                if slots is None:
+                    out.copy_(value.view(shape))
+                else:
+                    out.index_copy_(0, slots, value.view(len(layout.slots), -1).to(out.dtype))
+        return Predictions(tokens=tokens, confidences=confidences, fallback_tokens=fallback,
+                           fallback_confidences=fallback_conf)
 
     def verify_logits(self, step) -> torch.Tensor:
         """Logits at a verify pass's read-out rows (the pass writes scratch rows only)."""

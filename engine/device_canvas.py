@@ -5,9 +5,12 @@ answer's end) and the confidence it was committed with; per position: the model 
 updated with tensor operations in place, so a step that reads and writes the canvas can be captured once and
 replayed as a CUDA graph, and the host never has to wait for it (it reads copies of the canvas a step later).
 
-The semantics are those of the host reference, engine/sequence.py (SequenceState.commit): a commit fixes
-tokens into masked cells before the answer's end; the first committed end token (EOS or end of turn) ends
-the answer and every later cell becomes padding; tokens committed after that end are dropped.
+The semantics are those of the host reference, engine/sequence.py (SequenceState.commit, which also explains
+the two end rules): a commit fixes tokens into masked cells before the answer's end, except the [MASK] id,
+which leaves its cell masked; `end` is the first committed end token (EOS or end of turn). Under the stop rule
+every cell after it becomes padding and tokens committed after it are dropped; under the official rule the
+later cells stay masked and are decoded on. A fixed-schedule method sets max_steps: after that many steps no
+cell of the slot is left to decode.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 NOT_NEW = 1 << 40  # newly_rank of a cell not committed by the previous step
+UNLIMITED = 1 << 40  # max_steps of a method that decodes until no cell is masked
 
 
 @dataclass
@@ -38,6 +42,8 @@ class DeviceCanvas:
     gamma: torch.Tensor  # [S] float64 Flash-Verify acceptance threshold
     temperature: torch.Tensor  # [S] float64 sampling temperature (used when the call samples)
     end_ids: torch.Tensor  # [E] int64 tokens that end the answer
+    official_end: torch.Tensor  # [S] bool: the official end rule (no padding after the end), else stop
+    max_steps: torch.Tensor  # [S] int64 steps of a fixed-schedule method (UNLIMITED otherwise)
     mask_id: int
     eos_id: int
 
@@ -61,7 +67,9 @@ class DeviceCanvas:
             accepted=ints(n_slots), rejected=ints(n_slots),
             active=torch.zeros(n_slots, dtype=torch.bool, device=device),
             threshold=floats(n_slots), gamma=floats(n_slots), temperature=floats(n_slots),
-            end_ids=torch.tensor(sorted(end_ids), dtype=torch.int64, device=device), mask_id=mask_id, eos_id=eos_id)
+            end_ids=torch.tensor(sorted(end_ids), dtype=torch.int64, device=device),
+            official_end=torch.zeros(n_slots, dtype=torch.bool, device=device), max_steps=ints(n_slots, fill=UNLIMITED),
+            mask_id=mask_id, eos_id=eos_id)
 
     def load(self, prompts: list[list[int]], gen_lengths: list[int], seeds: list[int], threshold: float = 0.9,
              gamma: float = 0.8, temperature: float = 0.0) -> None:
@@ -117,11 +125,12 @@ class DeviceCanvas:
 
     def limit(self) -> torch.Tensor:
         """[S] cells at or past this index are padding or outside the answer."""
-        return torch.minimum(self.end + 1, self.gen_len)
+        return torch.where(self.official_end, self.gen_len, torch.minimum(self.end + 1, self.gen_len))
 
     def masked(self) -> torch.Tensor:
-        """[S, G] cells still to decode (masked and before the answer's end)."""
-        return (self.answer < 0) & (self.cells() < self.limit()[:, None])
+        """[S, G] cells still to decode (masked, before the limit, while the schedule has steps left)."""
+        live = (self.cells() < self.limit()[:, None]) & (self.steps < self.max_steps)[:, None]
+        return (self.answer < 0) & live
 
     def total_len(self) -> torch.Tensor:
         return self.prompt_len + self.gen_len
@@ -134,21 +143,22 @@ class DeviceCanvas:
                rank_base: torch.Tensor | int = 0) -> torch.Tensor:
         """Commit tokens[s, j] into cells[s, j] where chosen[s, j] (cells -1 = no cell), in list order j.
 
-        Like the reference's loop: a cell that is not masked or lies past the answer's end is skipped; the first
-        end token ends the answer (an earlier end cell wins) and every cell after it becomes padding. Returns
-        [S] how many cells each row committed (the next commit's rank_base, so newly_rank keeps commit order).
+        Like the reference's loop: a cell that is not masked or lies past the answer's end (stop rule) is
+        skipped, and so is a [MASK] token; the first end token ends the answer (an earlier end cell wins) and,
+        under the stop rule, every cell after it becomes padding. Returns [S] how many cells each row
+        committed (the next commit's rank_base, so newly_rank keeps commit order).
         """
         width = self.width
         if cells.shape[1] == 0:
             return torch.zeros_like(self.end)
-        ok = chosen & (cells >= 0) & self.active[:, None]
+        ok = chosen & (cells >= 0) & self.active[:, None] & (tokens != self.mask_id)
         at = cells.clamp(0, width - 1)
         ok &= self.masked().gather(1, at)
         is_end = (tokens[..., None] == self.end_ids).any(-1) & ok
         first_end = torch.where(is_end, at, width).amin(1)
         old_end = self.end.clone()
         self.end.copy_(torch.minimum(self.end, first_end))  # in place: a replayed graph reads these buffers
-        ok &= at <= self.end[:, None]
+        ok &= (at <= self.end[:, None]) | self.official_end[:, None]
         dump = torch.full_like(at, width)  # column `width` of a widened copy: writes that must not land
         target = torch.where(ok, at, dump)
         base = rank_base[:, None] if isinstance(rank_base, torch.Tensor) else rank_base  # no host copy in a graph
@@ -156,10 +166,10 @@ class DeviceCanvas:
         _scatter_cols(self.answer, target, tokens)
         _scatter_cols(self.confidence, target, confidences)
         _scatter_cols(self.newly_rank, target, order)
-        ended = self.end < old_end
-        past_end = (self.cells() > self.end[:, None]) & (self.cells() < self.gen_len[:, None]) & ended[:, None]
+        pads = (self.end < old_end) & ~self.official_end
+        past_end = (self.cells() > self.end[:, None]) & (self.cells() < self.gen_len[:, None]) & pads[:, None]
         self.answer.masked_fill_(past_end, self.eos_id)
-        self.newly_rank.masked_fill_(self.cells() > self.end[:, None], NOT_NEW)
+        self.newly_rank.masked_fill_((self.cells() > self.end[:, None]) & ~self.official_end[:, None], NOT_NEW)
         self._write_tokens()
         return ok.sum(1)
 

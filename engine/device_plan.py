@@ -9,7 +9,9 @@ Per step, in this order (engine/decode_loop.py owns the loop):
     plan(canvas) -> QueryPlan         reads the canvas and what the previous step left (commits, attention)
     forward, predictions at plan.cells
     note_attention(canvas, scores)    Flash-Cache only: rank decoded positions by this step's attention mass
-    select(canvas, plan, preds)       pure: [S, R] bool, which candidate cells to commit
+    predict(logits, temperature, keys) the step's predictions at plan.cells (method-specific confidence)
+    select(canvas, plan, preds)       [S, R] bool, which candidate cells to commit (threshold rules may swap
+                                      in a fallback token where every chosen cell predicted [MASK])
     (the loop commits; a verifier, if any, drafts and verifies)
     end_step(canvas)                  advance per-sequence schedules after the step's commits
 `full_next(canvas)` says which slots' next step recomputes every position; the host reads it to lay out
@@ -21,7 +23,7 @@ import torch
 
 from flash_dllm.engine.device_canvas import NOT_NEW, DeviceCanvas
 from flash_dllm.engine.packing import QueryPlan
-from flash_dllm.engine.sampling import Predictions
+from flash_dllm.engine.sampling import Predictions, predict
 
 _FAR = 1 << 50  # priority of a position that is never tracked
 
@@ -52,8 +54,22 @@ def threshold_select(cells: torch.Tensor, confidences: torch.Tensor, threshold: 
     return chosen | (torch.zeros_like(chosen).scatter_(1, best, fallback))
 
 
+def ensure_progress(cells: torch.Tensor, preds: Predictions, chosen: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """strategies.ensure_progress on every row: where no chosen candidate predicted a real token, also choose
+    the candidate with the most probable real token and swap that token (and its probability) into `preds`."""
+    shape = cells.shape
+    valid = cells >= 0
+    tokens, conf = preds.tokens.view(shape), preds.confidences.view(shape)
+    stuck = valid.any(1) & ~(chosen & (tokens != mask_id)).any(1)
+    best = torch.where(valid, preds.fallback_confidences.view(shape), -1.0).argmax(1, keepdim=True)
+    swap = torch.zeros_like(chosen).scatter_(1, best, stuck[:, None])
+    preds.tokens = torch.where(swap, preds.fallback_tokens.view(shape), tokens)
+    preds.confidences = torch.where(swap, preds.fallback_confidences.view(shape), conf)
+    return chosen | swap
+
+
 def top_k_select(cells: torch.Tensor, confidences: torch.Tensor, quota: torch.Tensor) -> torch.Tensor:
-    """The quota[s] most confident candidates of each row (ties: the earlier one)."""
+    """The quota[s] most confident candidates of each row (ties: the earlier one, as torch.topk on CUDA)."""
     valid = cells >= 0
     key = torch.where(valid, -confidences, float("inf"))
     order = torch.sort(key, dim=1, stable=True).indices
@@ -68,6 +84,21 @@ class DeviceMethod:
     forwards_per_step: int = 1
     tracks_attention: bool = False
     layout_follows_data: bool = False  # the host must read a step's record before laying out the next one
+    step_limit: int | None = None  # a fixed-schedule method's number of steps per sequence
+    native_confidence: bool = False  # rank on the softmax in the logits' dtype (LLaDA's generate.py)
+    mask_id: int = -1
+
+    def bind(self, canvas: DeviceCanvas, official_end: bool) -> None:
+        """Write the call's end rule and step limit into the canvas (constant for a session's every call)."""
+        canvas.official_end.fill_(official_end)
+        if self.step_limit is not None:
+            canvas.max_steps.fill_(self.step_limit)
+        self.mask_id = canvas.mask_id
+
+    def predict(self, logits: torch.Tensor, temperature: torch.Tensor | None, keys: torch.Tensor | None,
+                cells: torch.Tensor | None = None) -> Predictions:
+        """Predictions from the logits at the step's candidate rows (cells: those candidates, flattened)."""
+        return predict(logits, temperature, keys, mask_id=self.mask_id, native_confidence=self.native_confidence)
 
     def reset(self, canvas: DeviceCanvas) -> None:
         """Forget the previous call's per-sequence state (after canvas.load)."""
@@ -149,7 +180,8 @@ class FlashCache(DeviceMethod):
         self.attended.copy_(torch.where(canvas.active[:, None], kept, self.attended))
 
     def select(self, canvas: DeviceCanvas, plan: QueryPlan, preds: Predictions) -> torch.Tensor:
-        return threshold_select(plan.cells, preds.confidences.view(plan.cells.shape), canvas.threshold)
+        chosen = threshold_select(plan.cells, preds.confidences.view(plan.cells.shape), canvas.threshold)
+        return ensure_progress(plan.cells, preds, chosen, canvas.mask_id)
 
 
 class BlockSchedule(DeviceMethod):
@@ -230,33 +262,47 @@ class FastDllm(BlockSchedule):
         return QueryPlan(in_query=in_query & canvas.active[:, None], cells=self.block_cells(canvas))
 
     def select(self, canvas: DeviceCanvas, plan: QueryPlan, preds: Predictions) -> torch.Tensor:
-        return threshold_select(plan.cells, preds.confidences.view(plan.cells.shape), canvas.threshold)
+        chosen = threshold_select(plan.cells, preds.confidences.view(plan.cells.shape), canvas.threshold)
+        return ensure_progress(plan.cells, preds, chosen, canvas.mask_id)
 
 
-class LladaTopK(BlockSchedule):
+class LladaTopK(DeviceMethod):
     """LLaDA's published sampler (engine/strategies.py:LowConfidenceTopK): every position recomputed each
-    step; commit the k most confident masks of the block, k from the even split of the block's masks over
-    its steps, the last scheduled step finishing the block."""
+    step; block b gets steps b * spb ... (b + 1) * spb - 1, each committing the k most confident candidates
+    (the block's masks, after up to block_length masks left before it), k from the even split of the block's
+    masks at its first step. Confidences in the logits' dtype, ties to the earlier cell (torch.topk on CUDA)."""
 
-    def __init__(self, canvas: DeviceCanvas, block_length: int, steps_per_block: int, cfg_scale: float, shift: bool):
-        super().__init__(canvas, block_length, shift)
+    native_confidence = True
+
+    def __init__(self, canvas: DeviceCanvas, block_length: int, steps_per_block: int, cfg_scale: float, shift: bool,
+                 gen_length: int | None = None):
+        self.block_length, self.shift = block_length, shift
         self.steps_per_block = steps_per_block
         self.cfg_scale = cfg_scale
         self.forwards_per_step = 2 if cfg_scale > 0 else 1
         self.steady_rows = canvas.slot_len
-
-    def full_next(self, canvas: DeviceCanvas) -> torch.Tensor:
-        return torch.zeros_like(canvas.active)  # every step already recomputes every position
+        self.readout = min(2 * block_length, canvas.width)
+        # the schedule's steps: the answer's blocks (a scheduler's canvas is wider than the answer) times spb
+        self.step_limit = (gen_length or canvas.width) // block_length * steps_per_block
+        self.block_masks = torch.zeros(canvas.n_slots, dtype=torch.int64, device=canvas.tokens.device)
 
     def plan(self, canvas: DeviceCanvas) -> QueryPlan:
         position = torch.arange(canvas.slot_len, device=canvas.tokens.device)[None, :]
         in_query = (position < canvas.total_len()[:, None]) & canvas.active[:, None]
-        return QueryPlan(in_query=in_query, cells=self.block_cells(canvas))
+        block, step = canvas.steps // self.steps_per_block, canvas.steps % self.steps_per_block
+        start = (block * self.block_length)[:, None]
+        cell, masked = canvas.cells(), canvas.masked()
+        own = masked & (cell >= start) & (cell < start + self.block_length)
+        # the block's quotas are fixed by its masks at its first step (plan runs once per step, before commits)
+        self.block_masks.copy_(torch.where(step == 0, own.sum(1), self.block_masks))
+        earlier = first_cells(masked & (cell < start), self.readout - self.block_length)
+        cells = torch.cat([earlier, first_cells(own, self.block_length)], dim=1)
+        return QueryPlan(in_query=in_query, cells=cells)
 
     def select(self, canvas: DeviceCanvas, plan: QueryPlan, preds: Predictions) -> torch.Tensor:
+        step = canvas.steps % self.steps_per_block
         base, extra = self.block_masks // self.steps_per_block, self.block_masks % self.steps_per_block
-        quota = base + (self.step_in_block < extra).long()
+        quota = base + (step < extra).long()
         n_cells = (plan.cells >= 0).sum(1)
-        quota = torch.where(self.step_in_block >= self.steps_per_block - 1, n_cells, quota)
         quota = torch.maximum(quota, (n_cells > 0).long())
         return top_k_select(plan.cells, preds.confidences.view(plan.cells.shape), quota)

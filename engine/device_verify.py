@@ -34,9 +34,11 @@ class VerifyBatch:
 
 def pick_candidates(canvas: DeviceCanvas, cells: torch.Tensor, tokens: torch.Tensor, confidences: torch.Tensor,
                     cap: int) -> VerifyBatch:
-    """The window's cells still masked after the draft commit, by descending draft confidence (ties: the
-    earlier cell), at most `cap`; and the cells the draft commit fixed (tracked rows)."""
+    """The window's cells still masked after the draft commit whose draft is a real token (not [MASK]), by
+    descending draft confidence (ties: the earlier cell), at most `cap`; and the cells the draft commit fixed
+    (tracked rows)."""
     still = (cells >= 0) & canvas.masked().gather(1, cells.clamp(min=0)) & canvas.active[:, None]
+    still &= tokens != canvas.mask_id  # a [MASK] draft has nothing to verify
     order = torch.sort(torch.where(still, -confidences, float("inf")), dim=1, stable=True).indices[:, :cap]
     kept = still.gather(1, order)
     window = cells.shape[1]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from flash_dllm.engine.config import ModelConfig
 from flash_dllm.engine.settings import SettingsError
 
-ALL_METHODS = ("llada", "fast-dllm", "flash-cache", "flash-verify")
+ALL_METHODS = ("llada", "fast-dllm", "flash-cache", "flash-verify", "dream")
 BLOCK_DIFFUSION = "block-diffusion"  # LLaDA2's block decoder (commits a block, caches it, moves on)
 BLOCK_METHODS = (BLOCK_DIFFUSION, "block-diffusion-verify")  # the second adds Flash-Verify inside the block
 

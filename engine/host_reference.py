@@ -23,6 +23,7 @@ from flash_dllm.engine.packing import QueryPlan
 from flash_dllm.engine.sampling import VERIFY_PASS, predict
 from flash_dllm.engine.sequence import SequenceState
 from flash_dllm.engine.settings import GenerationSettings
+from flash_dllm.engine.strategies import ensure_progress
 from flash_dllm.engine.verify import accept_cumulative, accept_paper, padded, pick_candidates
 
 
@@ -41,7 +42,7 @@ def emit_step(emit, piece, state: SequenceState, cells: list[int], window: list[
     emit(StepEvent(
         seq=state.index, step=state.steps, committed=kept, tokens=[state.answer[c] for c in kept],
         pieces=[piece(state.answer[c]) for c in kept], confidences=[round(state.confidence[c], 4) for c in kept],
-        window=list(window), padding_from=None if state.end == end_before or state.end is None else state.end + 1,
+        window=list(window), padding_from=None if state.end in (end_before, None) or state.official_end else state.end + 1,
         forward_passes=state.forward_passes, verify_passes=state.verify_passes,
         generated_tokens=len(state.answer_ids()), elapsed_s=now - started, step_ms=(now - step_started) * 1000.0,
         **extra))
@@ -67,6 +68,10 @@ class Reference:
                                      settings.cfg_scale, graphs=False)
         self.forwards_per_step = device_method.forwards_per_step
         self.shift = shift
+        self.mask_id = cfg.mask_id
+        for state in states:
+            state.official_end = settings.resolved_end_rule == "official"
+            state.max_steps = device_method.step_limit
 
     def mirror(self, active: list[SequenceState]) -> None:
         """Copy the host states into the canvas that the shared forward reads."""
@@ -103,6 +108,7 @@ class Reference:
         if scored is not None:
             self.policy.note_attention(self.session.cache.slot_scores(), active)
         tokens, confs = preds.tokens.tolist(), preds.confidences.tolist()
+        fallback, fallback_confs = preds.fallback_tokens.tolist(), preds.fallback_confidences.tolist()
         done, pending = [], []
         for state in active:
             row = cells[state.index]
@@ -112,11 +118,16 @@ class Reference:
             state.forward_passes += self.forwards_per_step
             end_before = state.end
             chosen = self.strategy.select(state, row, toks, conf)
+            if self.strategy.guards_progress:
+                chosen, toks, conf = ensure_progress(chosen, toks, conf, fallback[state.index][:n],
+                                                     fallback_confs[state.index][:n], self.mask_id)
             state.commit([row[i] for i in chosen], [toks[i] for i in chosen], [conf[i] for i in chosen])
             self.strategy.end_step(state)
             done.append((state, [row[i] for i in chosen], row, end_before))
             if self.session.verifier is not None and not state.done:
-                cands = pick_candidates(row, toks, conf, state, self.settings.candidates_cap)
+                real = [i for i in range(n) if toks[i] != self.mask_id]  # a [MASK] draft has nothing to verify
+                cands = pick_candidates([row[i] for i in real], [toks[i] for i in real], [conf[i] for i in real],
+                                        state, self.settings.candidates_cap)
                 if cands.cells:
                     pending.append((state, list(state.newly_committed)[: self.settings.window], cands))
         outcome = self.verify(pending) if pending else {}

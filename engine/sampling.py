@@ -45,29 +45,46 @@ def uniform_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
 @dataclass
 class Predictions:
     """Per row: chosen token, its softmax probability and, when asked, the probability of a given token
-    (Flash-Verify: the mask view's probability of the drafted token). Device tensors."""
+    (Flash-Verify: the mask view's probability of the drafted token). Device tensors.
+
+    The token is chosen over the whole vocabulary, [MASK] included, as the published samplers do; a cell whose
+    token is the mask id is not committed (it stays masked). `fallback_tokens` is the best token other than
+    [MASK] and its probability: the threshold methods commit it when every chosen cell predicted [MASK]
+    (where the published code would repeat the same step forever)."""
 
     tokens: torch.Tensor  # [M] int64
     confidences: torch.Tensor  # [M] float64
     probs_of_given: torch.Tensor | None = None  # [M] float64
+    fallback_tokens: torch.Tensor | None = None  # [M] int64, never the mask id
+    fallback_confidences: torch.Tensor | None = None  # [M] float64
 
 
 def predict(logits: torch.Tensor, temperature: torch.Tensor | None = None, keys: torch.Tensor | None = None,
-            given_tokens: torch.Tensor | None = None) -> Predictions:
+            given_tokens: torch.Tensor | None = None, mask_id: int | None = None,
+            native_confidence: bool = False) -> Predictions:
     """logits [M, V] -> Predictions. Softmax in fp64, so thresholds such as 0.9 compare exactly as the
-    reference implementations do. With `temperature` ([M] float64; None = greedy) the token of a row whose
-    temperature T > 0 is argmax(logits / T + Gumbel(keys)), of the others the plain argmax."""
+    reference implementations do; with native_confidence the confidence is the softmax in the logits' own
+    dtype instead (LLaDA's generate.py ranks on it: in bf16 many cells tie at 1.0, and which of them are
+    committed depends on it). With `temperature` ([M] float64; None = greedy) the token of a row whose
+    temperature T > 0 is argmax(logits / T + Gumbel(keys)), of the others the plain argmax. With `mask_id`,
+    also the fallback token (the same choice with [MASK] excluded)."""
     probs = torch.softmax(logits.double(), dim=-1)
-    tokens = torch.argmax(logits, dim=-1)
+    scores = logits
     if temperature is not None:
         if keys is None:
             raise ValueError("sampling at temperature > 0 needs noise keys")
         gumbel = -torch.log(-torch.log(uniform_noise(keys, logits.shape[-1])))
         scale = torch.where(temperature > 0, temperature, 1.0)[:, None]
-        sampled = torch.argmax(logits.double() / scale + gumbel, dim=-1)
-        tokens = torch.where(temperature > 0, sampled, tokens)
-    conf = probs.gather(-1, tokens[:, None])[:, 0]
-    given = None
+        scores = torch.where(temperature[:, None] > 0, logits.double() / scale + gumbel, logits.double())
+    tokens = torch.argmax(scores, dim=-1)
+    ranked = probs if not native_confidence else torch.softmax(logits, dim=-1).double()
+    conf = ranked.gather(-1, tokens[:, None])[:, 0]
+    given = fallback = fallback_conf = None
     if given_tokens is not None:
         given = probs.gather(-1, given_tokens.long().clamp(0, logits.shape[-1] - 1)[:, None])[:, 0]
-    return Predictions(tokens=tokens, confidences=conf, probs_of_given=given)
+    if mask_id is not None:
+        fallback = torch.argmax(scores.index_fill(-1, torch.tensor([mask_id], device=logits.device),
+                                                  float("-inf")), dim=-1)
+        fallback_conf = ranked.gather(-1, fallback[:, None])[:, 0]
+    return Predictions(tokens=tokens, confidences=conf, probs_of_given=given, fallback_tokens=fallback,
+                       fallback_confidences=fallback_conf)

@@ -79,8 +79,9 @@ def shape_key(settings) -> tuple:
     steps = (s.total_steps // s.n_blocks, s.gen_length) if s.method == "llada" else None
     if s.method in BLOCK_METHODS:  # the commit quotas split the block over this many steps
         steps = s.total_steps // s.n_blocks
+    dream = (s.total_steps, s.gen_length, s.alg, s.alg_temp, s.top_p, s.top_k, s.eps) if s.method == "dream" else None
     return (s.method, s.block_length, s.window, s.lookahead, s.track, s.cache_mode, s.candidates_cap,
-            s.acceptance, s.temperature > 0, s.cfg_scale, steps)
+            s.acceptance, s.temperature > 0, s.cfg_scale, steps, s.resolved_end_rule, dream)
 
 
 @dataclass

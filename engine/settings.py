@@ -4,10 +4,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from flash_dllm.engine.methods import block_causal_methods, descriptions
+from flash_dllm.engine.methods import block_causal_methods, default_end_rules, descriptions
 
 METHODS = descriptions()  # name -> what it does (the registry, engine/methods.py, is the source)
 BLOCK_METHODS = block_causal_methods()  # the methods of block-diffusion models (and only of those)
+END_RULES = ("official", "stop")  # engine/sequence.py explains them
+DREAM_ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")  # engine/dream_sampler.py
 ACCEPTANCE_RULES = ("paper", "cumulative")
 CACHE_MODES = ("dual", "prefix")
 MIN_TEMPERATURE = 1e-3
@@ -35,6 +37,12 @@ class GenerationSettings:
     acceptance: str = "paper"
     max_candidates: int | None = None  # flash-verify: default window // 2
     use_chat_template: bool = True
+    end_rule: str | None = None  # "official" | "stop"; None: the method's default (engine/methods.py)
+    alg: str = "entropy"  # dream: which cells a step decodes (Dream's own demos and app use entropy)
+    alg_temp: float = 0.0  # dream: > 0 draws the cells from softmax(confidence / alg_temp)
+    top_p: float | None = None  # dream: nucleus filter before the softmax
+    top_k: int | None = None  # dream: top-k filter before the softmax
+    eps: float = 1e-3  # dream: the schedule's last time (timesteps = linspace(1, eps, steps + 1))
 
     def with_overrides(self, **changes) -> "GenerationSettings":
         known = {f.name for f in fields(self)}
@@ -42,6 +50,10 @@ class GenerationSettings:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def resolved_end_rule(self) -> str:
+        return self.end_rule if self.end_rule is not None else default_end_rules().get(self.method, "stop")
 
     @property
     def n_blocks(self) -> int:
@@ -80,7 +92,9 @@ def validate(settings: GenerationSettings, max_context: int | None = None, promp
         raise SettingsError(f"gen length must be at least 1 (got {s.gen_length})")
     if s.block_length < 1 or s.gen_length % s.block_length:
         raise SettingsError(f"gen length {s.gen_length} must be a positive multiple of block length {s.block_length}")
-    if s.steps is not None:
+    if s.method == "dream":
+        check_dream(s)
+    elif s.steps is not None:
         if s.steps < s.n_blocks or s.steps > s.gen_length or s.steps % s.n_blocks:
             raise SettingsError(
                 f"steps {s.steps} must be a multiple of the number of blocks ({s.n_blocks}) between {s.n_blocks} and {s.gen_length}"
@@ -110,6 +124,11 @@ def validate(settings: GenerationSettings, max_context: int | None = None, promp
         raise SettingsError(f"gamma must be > 0 (got {s.gamma}); above 1 accepts no draft")
     if s.acceptance not in ACCEPTANCE_RULES:
         raise SettingsError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)} (got {s.acceptance!r})")
+    if s.end_rule is not None and s.end_rule not in END_RULES:
+        raise SettingsError(f"end rule must be one of {', '.join(END_RULES)} (got {s.end_rule!r})")
+    if s.method in BLOCK_METHODS and s.resolved_end_rule != "stop":
+        raise SettingsError(f"end rule must be stop for {s.method} (a block-diffusion model's answer ends at its "
+                            f"first end token, as LLaDA2's sampler ends it); got {s.end_rule!r}")
     if s.max_candidates is not None and s.max_candidates < 1:
         raise SettingsError(f"max candidates must be at least 1 (got {s.max_candidates})")
     if max_context is not None and prompt_tokens is not None:
@@ -130,6 +149,23 @@ def model_refusal(block_method: bool, block_length: int | None, model_block: int
     if block_method and block_length != model_block:
         return f"block length must be the model's block size {model_block} for {names} (got {block_length})"
     return None
+def check_dream(s: GenerationSettings) -> None:
+    """Dream's sampler has no blocks: any number of steps from 1 to the answer length."""
+    if s.steps is not None and not 1 <= s.steps <= s.gen_length:
+        raise SettingsError(f"steps {s.steps} must be between 1 and the gen length {s.gen_length}")
+    if s.alg not in DREAM_ALGORITHMS:
+        raise SettingsError(f"alg must be one of {', '.join(DREAM_ALGORITHMS)} (got {s.alg!r})")
+    for name in ("alg_temp", "eps"):
+        value = getattr(s, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise SettingsError(f"{name.replace('_', ' ')} must be a finite number >= 0 (got {value})")
+    if not 0 < s.eps < 1:
+        raise SettingsError(f"eps must be in (0, 1) (got {s.eps})")
+    if s.top_p is not None and (isinstance(s.top_p, bool) or not isinstance(s.top_p, (int, float))
+                                or not 0 < s.top_p <= 1):
+        raise SettingsError(f"top p must be in (0, 1] (got {s.top_p})")
+    if s.top_k is not None and (isinstance(s.top_k, bool) or not isinstance(s.top_k, int) or s.top_k < 1):
+        raise SettingsError(f"top k must be an integer >= 1 (got {s.top_k})")
 
 
 def check_fits(settings: GenerationSettings, max_context: int, prompt_tokens: int) -> None:

@@ -39,6 +39,7 @@ class HostRecord:
     was_active: torch.Tensor  # [S] took part in the step
     active: torch.Tensor  # [S] still decoding after it
     full_next: torch.Tensor  # [S] the next step recomputes every position
+    official_end: torch.Tensor  # [S] the official end rule: no padding after the end (engine/sequence.py)
     gpu_ms: float | None = None  # GPU time from the previous record's end to this one's (CUDA only)
 
     @classmethod
@@ -51,7 +52,8 @@ class HostRecord:
                    accepted=zero, accepted_total=zero, rejected_total=zero, end=canvas.end.cpu().clone(),
                    gen_len=canvas.gen_len.cpu().clone(), steps=zero,
                    forward_passes=zero, verify_passes=zero, was_active=torch.zeros(S, dtype=torch.bool),
-                   active=canvas.active.cpu().clone(), full_next=torch.ones(S, dtype=torch.bool))
+                   active=canvas.active.cpu().clone(), full_next=torch.ones(S, dtype=torch.bool),
+                   official_end=canvas.official_end.cpu().clone())
 
 
 class StepRecords:
@@ -62,7 +64,8 @@ class StepRecords:
         self.shapes = {"answer": (S, G), "cells": (S, readout), "verify_cells": (S, C), "verify_drafts": (S, C),
                        "accepted": (S,), "accepted_total": (S,), "rejected_total": (S,), "end": (S,), "gen_len": (S,),
                        "steps": (S,), "forward_passes": (S,),
-                       "verify_passes": (S,), "was_active": (S,), "active": (S,), "full_next": (S,)}
+                       "verify_passes": (S,), "was_active": (S,), "active": (S,), "full_next": (S,),
+                       "official_end": (S,)}
         sizes = {name: int(torch.Size(shape).numel()) for name, shape in self.shapes.items()}
         self.offsets, total = {}, 0
         for name, size in sizes.items():
@@ -91,7 +94,7 @@ class StepRecords:
                   "accepted_total": canvas.accepted, "rejected_total": canvas.rejected,
                   "steps": canvas.steps, "forward_passes": canvas.forward_passes,
                   "verify_passes": canvas.verify_passes, "was_active": was_active, "active": canvas.active,
-                  "full_next": full_next}
+                  "full_next": full_next, "official_end": canvas.official_end}
         if verify_cells is not None:
             values.update(verify_cells=verify_cells, verify_drafts=verify_drafts, accepted=accepted)
         for name, value in values.items():
@@ -119,7 +122,7 @@ class StepRecords:
                 gpu_ms = previous_event.elapsed_time(self.done[slot])
         ints = self.host_ints[slot].clone()
         fields = {name: self._view(ints, name) for name in self.shapes}
-        for name in ("was_active", "active", "full_next"):
+        for name in ("was_active", "active", "full_next", "official_end"):
             fields[name] = fields[name].bool()
         return HostRecord(confidence=self.host_floats[slot].clone(), gpu_ms=gpu_ms, **fields)
 
@@ -137,7 +140,7 @@ def step_events(previous: HostRecord, record: HostRecord, piece, started: float)
     for s in torch.nonzero(record.was_active).flatten().tolist():
         end, gen = int(record.end[s]), int(record.gen_len[s])
         stop = end if end < gen else gen
-        limit = min(end + 1, gen)
+        limit = gen if bool(record.official_end[s]) else min(end + 1, gen)
         new = (previous.answer[s] < 0) & (record.answer[s] >= 0) & (cells_g < limit)
         candidates = [c for c in record.verify_cells[s].tolist() if c >= 0]
         n_acc = int(record.accepted[s])
@@ -152,7 +155,7 @@ def step_events(previous: HostRecord, record: HostRecord, piece, started: float)
             drafts = record.verify_drafts[s, : len(candidates)].tolist()
             extra = dict(drafted=candidates, draft_tokens=drafts, draft_pieces=[piece(t) for t in drafts],
                          accepted=accepted, rejected=rejected)
-        ended = end < gen and end != int(previous.end[s])
+        ended = end < gen and end != int(previous.end[s]) and not bool(record.official_end[s])
         events.append(StepEvent(
             seq=s, step=int(record.steps[s]) - 1, committed=committed, tokens=tokens,
             pieces=[piece(t) for t in tokens],

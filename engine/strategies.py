@@ -4,7 +4,10 @@ The device decoder (engine/device_plan.py) implements the same rules as tensor o
 versions it is tested against. A strategy never touches tensors. Per sequence and step, in this order:
     candidates(state)                           the masked cells that compete (current block or sliding window)
     select(state, cells, tokens, confidences)   pure: indices into `cells` to commit
+    (threshold rules: ensure_progress)          when every chosen cell predicted [MASK], commit a real token
     end_step(state)                             after the commit: advance a block schedule
+A chosen cell whose token is the [MASK] id stays masked (SequenceState.commit): it still takes its place in
+the ranking and in a step's quota, as in the published code.
 """
 from __future__ import annotations
 
@@ -40,8 +43,24 @@ def threshold_select(confidences: list[float], threshold: float) -> list[int]:
 
 
 def top_k(confidences: list[float], k: int) -> list[int]:
+    """The k most confident; among equal confidences the earlier candidate (the cells are ascending), which is
+    the set torch.topk returns on CUDA (it gathers the values tied at the cut in index order)."""
     order = sorted(range(len(confidences)), key=lambda i: (-confidences[i], i))
     return sorted(order[: max(0, k)])
+
+
+def ensure_progress(chosen: list[int], tokens: list[int], confidences: list[float], fallback_tokens: list[int],
+                    fallback_confidences: list[float], mask_id: int) -> tuple[list[int], list[int], list[float]]:
+    """When no chosen candidate predicted a real token (all [MASK]), also commit the candidate with the most
+    probable real token, with that token. The threshold rules need it to end: the published Fast-dLLM code
+    commits its most confident cell even when that is [MASK] (a no-op), so a greedy step that changes nothing
+    repeats forever; everywhere else this changes nothing. Returns (chosen, tokens, confidences)."""
+    if not tokens or any(tokens[i] != mask_id for i in chosen):
+        return chosen, tokens, confidences
+    best = max(range(len(tokens)), key=lambda i: (fallback_confidences[i], -i))
+    tokens, confidences = list(tokens), list(confidences)
+    tokens[best], confidences[best] = fallback_tokens[best], fallback_confidences[best]
+    return sorted(set(chosen) | {best}), tokens, confidences
 
 
 @dataclass
@@ -95,20 +114,48 @@ class BlockStrategy:
         self.cursors[state.index] = self._moved(state, cur)
 
 
-class LowConfidenceTopK(BlockStrategy):
-    """LLaDA's published rule: commit the k most confident masks of the block, k from the even schedule."""
+class LowConfidenceTopK:
+    """LLaDA's generate.py: block b gets exactly steps_per_block steps (b * spb ... (b + 1) * spb - 1); each
+    commits the k most confident masked cells, k from the even split of the block's masks at its first step.
+    The masked cells before the block compete too (cells that predicted [MASK] in an earlier block: the
+    published code only excludes cells after the current block), at most block_length of them, the earliest
+    first (the device readout is static). Under the stop rule a block cut short by the end has fewer masks
+    than steps; every step then commits at least one cell."""
+
+    guards_progress = False  # a fixed number of steps: no step can repeat forever
+
+    def __init__(self, block_length: int, steps_per_block: int):
+        self.block_length = block_length
+        self.steps_per_block = steps_per_block
+        self.block_masks: dict[int, int] = {}  # per sequence: masked cells of its block at the block's first step
+
+    def block_of(self, state: SequenceState) -> tuple[int, int]:
+        """(block, step within it) of the sequence's next step."""
+        return divmod(state.steps, self.steps_per_block)
+
+    def candidates(self, state: SequenceState) -> list[int]:
+        """The block's masked cells after at most block_length earlier ones; at a block's first step it also
+        notes the block's mask count, which fixes the block's quotas."""
+        block, step = self.block_of(state)
+        start = block * self.block_length
+        own = state.masked_cells(start, start + self.block_length)
+        if step == 0:
+            self.block_masks[state.index] = len(own)
+        return state.masked_cells(0, start)[: self.block_length] + own
 
     def select(self, state, cells, tokens, confidences) -> list[int]:
-        cur = self.cursor(state)
-        quotas = split_evenly(cur.masks_at_start, self.steps_per_block)
-        quota = quotas[min(cur.step_in_block, len(quotas) - 1)]
-        if cur.step_in_block >= len(quotas) - 1:  # last scheduled step: finish the block
-            quota = len(cells)
+        _, step = self.block_of(state)
+        quota = split_evenly(self.block_masks.get(state.index, 0), self.steps_per_block)[step]
         return top_k(confidences, max(quota, 1 if cells else 0))
+
+    def end_step(self, state: SequenceState) -> None:
+        pass
 
 
 class BlockThreshold(BlockStrategy):
     """Fast-dLLM's confidence-aware parallel decoding inside the current block."""
+
+    guards_progress = True
 
     def __init__(self, block_length: int, threshold: float):
         super().__init__(block_length, steps_per_block=1)
@@ -120,6 +167,8 @@ class BlockThreshold(BlockStrategy):
 
 class WindowThreshold:
     """Flash-Cache's rule: the first `window` masked cells compete; commit all >= threshold, at least one."""
+
+    guards_progress = True
 
     def __init__(self, window: int, threshold: float):
         self.window = window

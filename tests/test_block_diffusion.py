@@ -324,3 +324,19 @@ def test_triton_kernels_in_the_interpreter_equal_the_reference(folder):
     engine = Engine.load(str(folder), device="cpu", kernels="triton")
     engine.model.config = dataclasses.replace(engine.model.config, block_size=BLOCK)
     compare(engine, settings(threshold=0.6, gen_length=16), prompts=PROMPTS[:2])
+
+
+@pytest.mark.parametrize("mask_bias", [2.5, 50.0], ids=["some-mask", "all-mask"])
+def test_predicted_mask_ids_are_never_committed_and_decoding_still_ends(folder, mask_bias):
+    """A cell predicting [MASK] stays masked; when every chosen cell of a step predicts it (a greedy step would
+    then repeat forever), the most probable real token is committed, on the device as in the reference."""
+    biased = block_engine(folder)
+    model = biased.model
+    ids = torch.tensor([biased.tokenizer.encode(PROMPTS[0]) + [model.config.mask_id] * 32])
+    with torch.no_grad():
+        direction = forward_hidden(model, ids)[0, -32:].mean(0)
+    model.lm_head = model.lm_head.clone()
+    model.lm_head[model.config.mask_id] += mask_bias * direction / direction.norm()
+    results, states = compare(biased, settings(threshold=0.6))
+    assert all(model.config.mask_id not in r.token_ids for r in results)
+    assert all(r.finish_reason in ("eos", "length") for r in results)

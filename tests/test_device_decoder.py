@@ -36,6 +36,11 @@ VARIANTS = {
     "flash-cache-track-beyond-slot": dict(method="flash-cache", track=500),
     "flash-verify-paper": dict(method="flash-verify", gamma=0.3),
     "flash-verify-cumulative": dict(method="flash-verify", gamma=0.05, acceptance="cumulative"),
+    "llada-stop": dict(method="llada", end_rule="stop"),
+    "flash-cache-official-end": dict(method="flash-cache", end_rule="official"),
+    "dream-entropy": dict(method="dream", steps=16),
+    "dream-origin": dict(method="dream", alg="origin", steps=16),
+    "dream-margin-top-p-alg-temp": dict(method="dream", alg="topk_margin", top_p=0.9, alg_temp=0.5),
 }
 
 
@@ -109,11 +114,11 @@ def test_device_decoder_equals_host_reference(engine, variant):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_device_decoder_equals_host_reference_when_answers_end_mid_window(ending_engine, variant):
     results = compare(ending_engine, settings(**VARIANTS[variant]))
-    if not variant.startswith("llada"):
+    if not variant.startswith(("llada", "dream")):
         assert any(r.finish_reason == "eos" and 0 < len(r.token_ids) < 32 for r in results)
 
 
-@pytest.mark.parametrize("variant", ["flash-cache", "flash-verify-paper", "fast-dllm-dual", "llada"])
+@pytest.mark.parametrize("variant", ["flash-cache", "flash-verify-paper", "fast-dllm-dual", "llada", "dream-entropy"])
 def test_sampling_with_a_seed_equals_the_reference_and_repeats(engine, variant):
     s = settings(temperature=0.8, seed=11, **VARIANTS[variant])
     first = compare(engine, s)

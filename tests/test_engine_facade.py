@@ -95,7 +95,8 @@ def test_the_exports_resolve_lazily_and_completely():
     assert done.returncode == 0, done.stderr
     heavy, methods = done.stdout.splitlines()
     assert heavy == "[]"  # importing the package is free; the CLI's --help relies on it
-    assert methods == "['block-diffusion', 'block-diffusion-verify', 'fast-dllm', 'flash-cache', 'flash-verify', 'llada'] False"
+    assert methods == ("['block-diffusion', 'block-diffusion-verify', 'dream', 'fast-dllm', 'flash-cache', "
+                       "'flash-verify', 'llada'] False")
     for name in engine_api.__all__:
         assert getattr(engine_api, name) is not None, name
         assert name in dir(engine_api)

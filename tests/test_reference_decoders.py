@@ -84,7 +84,7 @@ def eos_biased(folder) -> tuple[Engine, GenerationSettings]:
     """Raise the end-of-turn row of the head along the mean hidden direction of the answer cells, just enough
     that the answer ends inside the first block after a few real tokens."""
     engine = load(folder)
-    settings = llada(gen_length=16, block_length=8)
+    settings = llada(gen_length=16, block_length=8, end_rule="stop")
     end_of_turn = max(engine.tokenizer.end_ids - {engine.model.config.eos_id})
     prompt = engine.tokenizer.encode(PROMPT)
     with torch.no_grad():

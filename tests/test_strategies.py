@@ -58,6 +58,7 @@ def test_low_confidence_top_k_follows_the_schedule_and_block_order():
         s.begin_step()
         s.commit([cells[i] for i in chosen], [10] * len(chosen), [0.5] * len(chosen))
         rule.end_step(s)
+        s.steps += 1
         counts.append(len(chosen))
     assert counts == [2, 2, 2, 2]
     assert blocks == [{0}, {0}, {1}, {1}]
