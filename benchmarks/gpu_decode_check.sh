@@ -2,7 +2,7 @@
 # On a CUDA machine: the decode step's GPU tests (graph replay == eager, tiny and full geometry), the kernels'
 # GPU tests, `flash-dllm-chat bench decode` and a profile of a steady step. Works from a bare checkout.
 # Usage: benchmarks/gpu_decode_check.sh [stage ...]   stages: decode-tests kernel-tests bench profile concurrent
-# (default all but concurrent)
+# families (default all but concurrent and families)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-benchmarks/results/gpu-check}
@@ -32,6 +32,13 @@ for stage in $stages; do
     concurrent) timeout 400 python3 benchmarks/bench_concurrent.py --geometry "${GEOMETRY:-llada-8b}" \
                   --requests "${REQUESTS:-16}" --gen-length "${GEN:-256}" --rounds "${ROUNDS:-1}" \
                   --method "${METHOD:-flash-cache}" 2>&1 | tail -8 | tee -a "$out/concurrent.log" ;;
+    families) timeout 200 python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_families_forward.py \
+                tests/test_block_diffusion_gpu.py -k "gpu or cuda or full" 2>&1 | tail -8 | tee "$out/families.log"
+              timeout 200 python3 -m flash_dllm.engine.bench decode --geometry llada-moe --methods flash-cache,fast-dllm \
+                --batch-sizes 1 --iterations "${ITERATIONS:-150}" --out "$out/bench-llada-moe" 2>&1 | tail -8
+              timeout 200 python3 -m flash_dllm.engine.bench decode --geometry llada2-mini --methods block-diffusion \
+                --batch-sizes 1 --iterations "${ITERATIONS:-150}" --out "$out/bench-llada2" 2>&1 | tail -8
+              timeout 200 python3 benchmarks/bench_moe.py 2>&1 | tail -12 | tee "$out/moe.log" ;;
     profile) timeout 300 python3 benchmarks/profile_step.py --geometry "${GEOMETRY:-llada-8b}" \
                --method "${PROFILE_METHOD:-flash-cache}" 2>&1 | tail -32 | tee "$out/profile.log" ;;
   esac

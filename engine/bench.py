@@ -26,6 +26,9 @@ from pathlib import Path
 
 from flash_dllm.engine.bench_report import write_outputs
 
+# engine/geometry.py's GEOMETRY keys, named here so that `bench --help` imports no torch (a test keeps them equal)
+GEOMETRY_NAMES = ("llada-8b", "dream-7b", "llada-moe", "llada2-mini")
+
 SKIP = 3  # iterations not timed: the first step (whole prompts), and the steps the loop runs before replaying
 
 
@@ -35,7 +38,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     decode = sub.add_parser("decode", help="time the decode step of every method against the floors")
     source = decode.add_mutually_exclusive_group()
     source.add_argument("--model", help="a model folder or Hugging Face repo id")
-    source.add_argument("--geometry", choices=["llada-8b", "dream-7b"],
+    source.add_argument("--geometry", choices=list(GEOMETRY_NAMES),
                         help="random weights at this model's full geometry (default without --model: llada-8b)")
     decode.add_argument("--methods", default="flash-cache,flash-verify,fast-dllm", help="comma-separated methods")
     decode.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes (e.g. 1,8,32)")

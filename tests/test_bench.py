@@ -54,3 +54,10 @@ def test_bench_decode_rejects_bad_arguments_in_one_line(tiny_dream, tmp_path, ca
 def test_bench_kernels_says_it_needs_a_gpu(capsys):
     assert main(["bench", "kernels"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_bench_offers_every_full_size_geometry():
+    from flash_dllm.engine.bench import GEOMETRY_NAMES
+    from flash_dllm.engine.geometry import GEOMETRY
+
+    assert set(GEOMETRY_NAMES) == set(GEOMETRY)
