@@ -30,11 +30,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from flash_dllm.app.api_keys import BearerKey
+from flash_dllm.app.model_settings import methods_for
 from flash_dllm.app.models import Lease, ModelBusy, ModelHost, display_name
-from flash_dllm.app.openai_request import ApiError, ChatRequest, invalid, parse_chat_request
+from flash_dllm.app.openai_request import ApiError, ChatRequest, invalid, param_of, parse_chat_request
 from flash_dllm.app.openai_stream import (KEEP_ALIVE, CommittedPrefix, CompletionMeta, TextStream, chunk,
                                           completion, sse, usage)
-from flash_dllm.engine import EngineError, GenerationSettings, PromptError, SettingsError, StepEvent
+from flash_dllm.engine import EngineError, GenerationSettings, PromptError, SettingsError, StepEvent, validate
 
 
 @dataclass
@@ -67,6 +68,10 @@ class EngineCall:
     def __init__(self, lease: Lease, chat: ChatRequest, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
+        try:  # the request was parsed for the model loaded then: the leased one (a switch may be between) judges
+            validate(chat.settings, model_config=lease.engine.model.config)
+        except SettingsError as err:  # a method (or block length) this model cannot decode with
+            raise invalid(str(err), param_of(str(err), "max_tokens") or "method") from None
         try:
             self.request = lease.engine.submit(chat.messages, chat.settings, on_event=self._on_event)
         except SettingsError as err:  # settings were validated already: what is left is the context check
@@ -188,7 +193,17 @@ class ChatApi:
     def model_object(self, engine, name: str) -> dict:
         info = engine.describe()
         return {"id": display_name(name), "object": "model", "created": self.created, "owned_by": "flash-dllm-chat",
-                "family": info.get("family"), "max_context": info.get("max_context"), "device": info.get("device")}
+                "family": info.get("family"), "max_context": info.get("max_context"), "device": info.get("device"),
+                "default_method": info.get("default_method"), "methods": list(methods_for(engine.model.config))}
+
+    def request_defaults(self) -> tuple[GenerationSettings, int | None]:
+        """The settings a request starts from, for the model loaded now: a request that names no method gets
+        the engine's default for it (a block-diffusion model's block method), and such a model's block size."""
+        engine, defaults = self.host.engine, self.config.defaults
+        if engine is None:
+            return defaults, None
+        block = engine.model.config.block_size
+        return (defaults.with_overrides(method=engine.default_method) if block else defaults), block
 
     def names(self, name: str) -> set[str]:
         return {display_name(name), name}
@@ -232,7 +247,7 @@ class ChatApi:
             self._in_flight -= 1
 
     async def chat_completions(self, request: Request) -> Response:
-        chat = parse_chat_request(await read_json(request, self.config.max_body_bytes), self.config.defaults)
+        chat = parse_chat_request(await read_json(request, self.config.max_body_bytes), *self.request_defaults())
         self._admit()
         lease = call = None
         try:
