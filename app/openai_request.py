@@ -8,7 +8,8 @@ this module only says which request field a refused setting came from.
 Decisions a client should know (README, "OpenAI-compatible API"):
 - ``max_tokens`` (or ``max_completion_tokens``) is the answer length exactly: the diffusion canvas has that many
   cells. When ``block_length`` is not given it is chosen to divide ``max_tokens`` (`block_length_for`); an
-  explicit ``block_length`` that does not divide it is refused with the lengths that would work.
+  explicit ``block_length`` that does not divide it is refused with the lengths that would work. A block-diffusion
+  model (LLaDA2) decodes in its own block size: ``max_tokens`` must be a multiple of it.
 - ``temperature`` defaults to 0 (greedy), the engine's default, not OpenAI's 1; with a temperature and no
   ``seed`` a random seed is drawn, so repeated sampled requests differ as they do with OpenAI.
 - OpenAI fields the engine cannot honour are refused when set to anything but their neutral value (``n`` 1,
