@@ -7,6 +7,8 @@ them into text. The API never assumes how the engine schedules requests (one at 
 
 - One model per process: a request must name the loaded model (its id in /v1/models, or the name it was
   loaded by); another name gets 404 model_not_found naming the loaded one.
+- A request that names no ``method`` gets the loaded model's default (`Engine.default_method`: a block-diffusion
+  model's block method); /v1/models entries carry ``family``, ``default_method`` and ``methods`` beside OpenAI's.
 - Every error is OpenAI-shaped (`ApiError`): 400 for the request, 401 for the key, 404/405 for routes and
   models, 413 for a body over `ApiConfig.max_body_bytes`, 503 when `max_in_flight` requests are already in
   flight or no model is loaded (a switch is under way), 500 with one line when the engine fails.
