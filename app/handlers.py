@@ -65,10 +65,8 @@ def model_choices(ctx: AppContext) -> list[tuple[str, str]]:
 
 def known_to_download(ctx: AppContext, name) -> str | None:
     """``name`` when it is a known checkpoint that is not downloaded (loading it means downloading it)."""
-    from flash_dllm.engine.families import KNOWN_MODELS
-
     name = name.strip() if isinstance(name, str) else ""
-    if name not in KNOWN_MODELS or name in {value for _, value in downloaded_choices(ctx)}:
+    if name not in {c.value for c in known_models()} or name in {value for _, value in downloaded_choices(ctx)}:
         return None
     return name
 

@@ -1,8 +1,8 @@
 """What the page offers for the loaded model: the methods that can decode it and the starting knob values.
 
 A block-diffusion model (config.block_size, LLaDA2) decodes only with the block methods, in its own block size;
-every other model refuses those two (engine/settings.py `model_refusal` is the rule, applied here to each
-method so the page never offers one the engine would refuse). The starting values of the knobs are the
+every other model refuses those two. The engine's `validate` (given the model's config) is the judge: the page
+offers exactly the methods it accepts, so it never leads a user to a refusal. The starting values of the knobs are the
 checkpoint's (or its family's) published generation defaults (engine/families.py `defaults_for`).
 """
 from __future__ import annotations
@@ -11,8 +11,10 @@ import html
 from dataclasses import dataclass
 
 from flash_dllm.app.presets import KNOB_RANGES, default_knobs
+from flash_dllm.engine import METHODS, GenerationSettings, SettingsError, validate
+# The one name past the engine's public surface (tests/test_engine_facade.py flags it): the engine package must
+# export defaults_for (engine/__init__.py _EXPORTS), then this line imports it from flash_dllm.engine.
 from flash_dllm.engine.families import defaults_for
-from flash_dllm.engine.settings import BLOCK_METHODS, METHODS, GenerationSettings, model_refusal
 
 # The knobs a family's published defaults set (FamilyDefaults.settings_overrides), in the page's knob order.
 FAMILY_KNOBS = ("gen_length", "block_length", "steps", "threshold", "temperature")
@@ -43,22 +45,25 @@ class ModelSettings:
         block = f"blocks of {k['block_length']}" + (" (the model's block size, fixed)" if self.block_size else "")
         values = (f"{self.method}, {length}, {block}, temperature {k['temperature']:g}"
                   + (f", threshold {k['threshold']:g}" if "threshold" in self.published else ""))
+        absent = [name for name in METHODS if name not in self.methods]
         if self.block_size:
-            why = "A block-diffusion model (attention causal across blocks): only the block methods decode it"
+            why = " A block-diffusion model (attention causal across blocks): only the block methods decode it."
         else:
-            why = f"Not offered: {' and '.join(BLOCK_METHODS)}, which decode block-diffusion models (LLaDA2) only"
+            why = f" Not offered: {' and '.join(absent)}, which this model cannot decode." if absent else ""
         return (f"<div class='fd-note' id='model-defaults'>Starting values for {html.escape(self.family)}: "
-                f"{html.escape(values)}; from {html.escape(self.source)}. {html.escape(why)}.</div>")
+                f"{html.escape(values)}; from {html.escape(self.source)}.{html.escape(why)}</div>")
 
 
 def methods_for(config) -> tuple[str, ...]:
-    """The methods `settings.validate` accepts for a model of this ModelConfig (in its own block size)."""
-    block = config.block_size
+    """The methods `validate` accepts for a model of this ModelConfig (a block model: in its own block size)."""
+    block = config.block_size or ENGINE_DEFAULT.block_length
     out = []
     for name in METHODS:
-        refused = model_refusal(name in BLOCK_METHODS, block if name in BLOCK_METHODS else None, block)
-        if refused is None and not (name in BLOCK_METHODS and config.shift_logits):
-            out.append(name)
+        try:
+            validate(GenerationSettings(method=name, gen_length=block, block_length=block), model_config=config)
+        except SettingsError:
+            continue
+        out.append(name)
     return tuple(out)
 
 
