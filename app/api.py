@@ -7,6 +7,8 @@ them into text. The API never assumes how the engine schedules requests (one at 
 
 - One model per process: a request must name the loaded model (its id in /v1/models, or the name it was
   loaded by); another name gets 404 model_not_found naming the loaded one.
+- A request that names no ``method`` gets the loaded model's default (`Engine.default_method`: a block-diffusion
+  model's block method); /v1/models entries carry ``family``, ``default_method`` and ``methods`` beside OpenAI's.
 - Every error is OpenAI-shaped (`ApiError`): 400 for the request, 401 for the key, 404/405 for routes and
   models, 413 for a body over `ApiConfig.max_body_bytes`, 503 when `max_in_flight` requests are already in
   flight or no model is loaded (a switch is under way), 500 with one line when the engine fails.
@@ -30,11 +32,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from flash_dllm.app.api_keys import BearerKey
+from flash_dllm.app.model_settings import methods_for
 from flash_dllm.app.models import Lease, ModelBusy, ModelHost, display_name
-from flash_dllm.app.openai_request import ApiError, ChatRequest, invalid, parse_chat_request
+from flash_dllm.app.openai_request import ApiError, ChatRequest, invalid, param_of, parse_chat_request
 from flash_dllm.app.openai_stream import (KEEP_ALIVE, CommittedPrefix, CompletionMeta, TextStream, chunk,
                                           completion, sse, usage)
-from flash_dllm.engine import EngineError, GenerationSettings, PromptError, SettingsError, StepEvent
+from flash_dllm.engine import EngineError, GenerationSettings, PromptError, SettingsError, StepEvent, validate
 
 
 @dataclass
@@ -67,6 +70,10 @@ class EngineCall:
     def __init__(self, lease: Lease, chat: ChatRequest, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
+        try:  # the request was parsed for the model loaded then: the leased one (a switch may be between) judges
+            validate(chat.settings, model_config=lease.engine.model.config)
+        except SettingsError as err:  # a method (or block length) this model cannot decode with
+            raise invalid(str(err), param_of(str(err), "max_tokens") or "method") from None
         try:
             self.request = lease.engine.submit(chat.messages, chat.settings, on_event=self._on_event)
         except SettingsError as err:  # settings were validated already: what is left is the context check
@@ -188,7 +195,17 @@ class ChatApi:
     def model_object(self, engine, name: str) -> dict:
         info = engine.describe()
         return {"id": display_name(name), "object": "model", "created": self.created, "owned_by": "flash-dllm-chat",
-                "family": info.get("family"), "max_context": info.get("max_context"), "device": info.get("device")}
+                "family": info.get("family"), "max_context": info.get("max_context"), "device": info.get("device"),
+                "default_method": info.get("default_method"), "methods": list(methods_for(engine.model.config))}
+
+    def request_defaults(self) -> tuple[GenerationSettings, int | None]:
+        """The settings a request starts from, for the model loaded now: a request that names no method gets
+        the engine's default for it (a block-diffusion model's block method), and such a model's block size."""
+        engine, defaults = self.host.engine, self.config.defaults
+        if engine is None:
+            return defaults, None
+        block = engine.model.config.block_size
+        return (defaults.with_overrides(method=engine.default_method) if block else defaults), block
 
     def names(self, name: str) -> set[str]:
         return {display_name(name), name}
@@ -232,7 +249,7 @@ class ChatApi:
             self._in_flight -= 1
 
     async def chat_completions(self, request: Request) -> Response:
-        chat = parse_chat_request(await read_json(request, self.config.max_body_bytes), self.config.defaults)
+        chat = parse_chat_request(await read_json(request, self.config.max_body_bytes), *self.request_defaults())
         self._admit()
         lease = call = None
         try:

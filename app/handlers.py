@@ -15,7 +15,8 @@ import gradio as gr
 from flash_dllm.app.canvas import empty_canvas_html
 from flash_dllm.app.chats import CHAT_ID, clean_text, export_file
 from flash_dllm.app.export import export_gif, export_html
-from flash_dllm.app.models import ModelError, model_purpose
+from flash_dllm.app.model_settings import fixed_block_length
+from flash_dllm.app.models import ModelError, known_models, model_purpose
 from flash_dllm.app.presets import default_knobs, preset_values
 from flash_dllm.app.stats import format_bytes, stats_rows, stats_table
 from flash_dllm.app.turns import AppContext, chat_choices, chat_messages, chat_turn, note, save_orphans
@@ -46,11 +47,28 @@ def banner_html(ctx: AppContext) -> str:
             f"as the model denoises it</div>{about}{extra}")
 
 
-def model_choices(ctx: AppContext) -> list[tuple[str, str]]:
+def downloaded_choices(ctx: AppContext) -> list[tuple[str, str]]:
     try:
         return [(c.label, c.value) for c in ctx.host.choices()]
     except Exception:  # an unreadable cache must not break the page: offer the loaded model only
         return [(f"{ctx.host.name} (loaded)", ctx.host.name)] if ctx.host.name else []
+
+
+def model_choices(ctx: AppContext) -> list[tuple[str, str]]:
+    """The model picker: the downloaded models, then the known checkpoints not downloaded yet (each with its
+    bf16 size and whether it fits a 24 GiB card); choosing one of those downloads it (`load_model`)."""
+    downloaded = downloaded_choices(ctx)
+    have = {value for _, value in downloaded}
+    return downloaded + [(f"{c.label} · not downloaded: Load downloads it", c.value) for c in known_models()
+                         if c.value not in have]
+
+
+def known_to_download(ctx: AppContext, name) -> str | None:
+    """``name`` when it is a known checkpoint that is not downloaded (loading it means downloading it)."""
+    name = name.strip() if isinstance(name, str) else ""
+    if name not in {c.value for c in known_models()} or name in {value for _, value in downloaded_choices(ctx)}:
+        return None
+    return name
 
 
 def progress_html(done: int, total: int, label: str) -> str:
@@ -292,6 +310,10 @@ def switch_steps(ctx: AppContext, name: str, download: bool, size: int = 0):
 
 
 def load_model(ctx: AppContext, name):
+    repo = known_to_download(ctx, name)
+    if repo is not None:  # a known checkpoint chosen from the picker: the download flow, with its fit check
+        yield from download_model(ctx, repo)
+        return
     try:
         name = ctx.host.check_allowed(name)
     except ModelError as err:
@@ -324,8 +346,11 @@ def download_model(ctx: AppContext, repo_id):
 
 
 # ---------------------------------------------------------------------------- settings and page life
-def apply_preset(name, gen_length):
+def apply_preset(ctx: AppContext, name, gen_length):
     values = preset_values(name, gen_length)
+    block = fixed_block_length(ctx.host.engine)
+    if block:  # a block-diffusion model decodes in its own block size only
+        values["block_length"] = block
     return tuple(values[k] for k in PRESET_KNOBS)
 
 

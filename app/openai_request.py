@@ -8,7 +8,8 @@ this module only says which request field a refused setting came from.
 Decisions a client should know (README, "OpenAI-compatible API"):
 - ``max_tokens`` (or ``max_completion_tokens``) is the answer length exactly: the diffusion canvas has that many
   cells. When ``block_length`` is not given it is chosen to divide ``max_tokens`` (`block_length_for`); an
-  explicit ``block_length`` that does not divide it is refused with the lengths that would work.
+  explicit ``block_length`` that does not divide it is refused with the lengths that would work. A block-diffusion
+  model (LLaDA2) decodes in its own block size: ``max_tokens`` must be a multiple of it.
 - ``temperature`` defaults to 0 (greedy), the engine's default, not OpenAI's 1; with a temperature and no
   ``seed`` a random seed is drawn, so repeated sampled requests differ as they do with OpenAI.
 - OpenAI fields the engine cannot honour are refused when set to anything but their neutral value (``n`` 1,
@@ -187,7 +188,7 @@ def param_of(message: str, length_field: str) -> str | None:
     return None
 
 
-def build_settings(body: dict, defaults: GenerationSettings) -> GenerationSettings:
+def build_settings(body: dict, defaults: GenerationSettings, block_size: int | None = None) -> GenerationSettings:
     max_tokens, length_field = answer_length(body, defaults.gen_length)
     knobs = {name: typed(name, body[name], kind) for name, kind in ENGINE_FIELDS.items() if body.get(name) is not None}
     if body.get("temperature") is not None:
@@ -197,7 +198,12 @@ def build_settings(body: dict, defaults: GenerationSettings) -> GenerationSettin
     elif knobs.get("temperature", defaults.temperature) > 0:
         knobs["seed"] = secrets.randbelow(2**31)  # sampled requests without a seed differ, as with OpenAI
     block = knobs.get("block_length")
-    if block is None:
+    if block is None and block_size:  # a block-diffusion model decodes in its own block size only
+        if max_tokens % block_size:
+            raise invalid(f"{length_field} {max_tokens} is not a multiple of the model's block size {block_size}: "
+                          f"use {length_field} {neighbours(max_tokens, block_size)}", length_field)
+        knobs["block_length"] = block_size
+    elif block is None:
         knobs["block_length"] = block_length_for(max_tokens, defaults.block_length)
     elif block >= 1 and max_tokens % block:
         raise invalid(f"{length_field} {max_tokens} is not a multiple of block_length {block}: with that block "
@@ -211,8 +217,10 @@ def build_settings(body: dict, defaults: GenerationSettings) -> GenerationSettin
     return settings
 
 
-def parse_chat_request(body, defaults: GenerationSettings = GenerationSettings()) -> ChatRequest:
-    """The request as the engine takes it; ApiError (400) for the first field at fault."""
+def parse_chat_request(body, defaults: GenerationSettings = GenerationSettings(),
+                       block_size: int | None = None) -> ChatRequest:
+    """The request as the engine takes it; ApiError (400) for the first field at fault. ``block_size``: the
+    loaded model's, when it is a block-diffusion model (block_length defaults to it)."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", None, "invalid_json")
     check_fields(body)
@@ -231,5 +239,5 @@ def parse_chat_request(body, defaults: GenerationSettings = GenerationSettings()
         if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
             raise invalid("stream_options must be an object such as {\"include_usage\": true}", "stream_options")
     stop = parse_stop(body.get("stop"))
-    settings = build_settings(body, defaults)
+    settings = build_settings(body, defaults, block_size)
     return ChatRequest(model, messages, settings, stop, bool(stream), bool((options or {}).get("include_usage")))

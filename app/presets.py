@@ -37,7 +37,7 @@ class Knob:
 
 KNOB_RANGES = {
     "gen_length": Knob(8, 1024, 8, "answer length in tokens (the canvas size); a multiple of the block length"),
-    "block_length": Knob(4, 512, 4, "semi-autoregressive block (llada, fast-dllm)"),
+    "block_length": Knob(4, 1024, 4, "semi-autoregressive block (llada, fast-dllm); one block: the answer length"),
     "steps": Knob(0, 1024, 1, "llada denoising steps; 0 = one token per step"),
     "threshold": Knob(0.05, 1.0, 0.01, "commit cells whose confidence is at least this"),
     "gamma": Knob(0.05, 1.5, 0.01, "γ: Flash-Verify acceptance (higher accepts fewer drafts)"),

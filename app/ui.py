@@ -18,6 +18,7 @@ import gradio as gr
 from flash_dllm.app import handlers as h
 from flash_dllm.app.canvas import empty_canvas_html
 from flash_dllm.app.inflight import inflight_html
+from flash_dllm.app.model_settings import FOLLOW_OUTPUTS, follow_model, knob_update, page_settings
 from flash_dllm.app.presets import DEFAULT_PRESET, KNOB_RANGES, KNOBS, PRESETS
 from flash_dllm.app.turns import OUTPUTS, AppContext, chat_choices, note
 from flash_dllm.engine import METHODS
@@ -58,7 +59,8 @@ def sidebar(ctx: AppContext, page: SimpleNamespace) -> None:
             page.export_btn = gr.Button("Export", size="sm", scale=1)
         page.chat_file = gr.File(label="Exported chat", interactive=False, visible=False)
         gr.Markdown("**Model**")
-        page.model_dd = gr.Dropdown(choices=h.model_choices(ctx), value=ctx.host.name, label="Downloaded models",
+        page.model_dd = gr.Dropdown(choices=h.model_choices(ctx), value=ctx.host.name, label="Models",
+                                    info="downloaded ones, then known ones (Load downloads those)",
                                     allow_custom_value=True)
         page.load_btn = gr.Button("Load", size="sm")
         page.repo_box = gr.Textbox(label="Hugging Face repo id", placeholder="GSAI-ML/LLaDA-8B-Instruct", max_lines=1)
@@ -67,7 +69,12 @@ def sidebar(ctx: AppContext, page: SimpleNamespace) -> None:
         page.system_info = gr.HTML(h.system_html(ctx))
 
 
-def chat_column(page: SimpleNamespace) -> None:
+def chat_column(ctx: AppContext, page: SimpleNamespace) -> None:
+    # the loaded model's methods and published defaults; the page then follows model changes (`follow_model`)
+    model = page_settings(ctx.host.engine)
+    page.settings_for = gr.State(model.model if model else None)
+    methods = list(model.methods) if model else list(METHODS)
+    method = model.method if model else h.DEFAULT_METHOD
     with gr.Column(scale=4, min_width=360):
         page.chatbot = gr.Chatbot(label="Chat", height=440, buttons=["copy", "copy_all"],
                                   placeholder="Ask something: the answer is decoded in parallel on the canvas.")
@@ -82,19 +89,23 @@ def chat_column(page: SimpleNamespace) -> None:
         page.status = gr.HTML(note("Ready."), elem_id="status")
         page.turn_msg = gr.Textbox("", visible=False)
         with gr.Accordion("Settings", open=True):
-            page.method = gr.Radio(list(METHODS), value=h.DEFAULT_METHOD, label="Method")
-            page.method_info = gr.Markdown(METHODS[h.DEFAULT_METHOD])
+            page.method = gr.Radio(methods, value=method, label="Method")
+            page.method_info = gr.Markdown(METHODS[method])
+            page.model_defaults = gr.HTML(model.note() if model else "", elem_id="model-defaults-box")
             page.preset = gr.Radio(list(PRESETS), value=DEFAULT_PRESET, label="Preset")
             page.system = gr.Textbox("", label="System prompt", lines=2, placeholder="(optional)")
             with gr.Row():
                 page.side = gr.Checkbox(label="Side by side", value=False)
-                page.method_b = gr.Dropdown(list(METHODS), value=h.DEFAULT_METHOD_B, label="Compare with")
+                page.method_b = gr.Dropdown(methods, value=model.method_b if model else h.DEFAULT_METHOD_B,
+                                            label="Compare with")
             with gr.Accordion("Raw knobs", open=False):
                 page.knob_inputs = []
                 for name in KNOBS:
                     spec = KNOB_RANGES[name]
-                    page.knob_inputs.append(gr.Slider(spec.minimum, spec.maximum, value=h.K0[name], step=spec.step,
-                                                      label=name.replace("_", " "), info=spec.info))
+                    props = dict(minimum=spec.minimum, value=h.K0[name], step=spec.step, info=spec.info)
+                    if model and name in model.knobs:
+                        props.update(knob_update(name, model.knobs[name], model.block_size))
+                    page.knob_inputs.append(gr.Slider(maximum=spec.maximum, label=name.replace("_", " "), **props))
 
 
 def canvas_column(ctx: AppContext, page: SimpleNamespace) -> None:
@@ -172,15 +183,27 @@ def wire_models(ctx: AppContext, page: SimpleNamespace) -> None:
     model_outputs = [page.model_note, page.system_info, page.model_dd, page.banner]
     # one switch at a time, in its own group: a download (or a stalled Hub) never holds the "gpu" group that
     # chats queue in; the switch takes the engine's lock only to load (app/models.py)
+    follow = follow_model_event(ctx, page)
     page.load_btn.click(bind(h.load_model, ctx), page.model_dd, model_outputs, api_name="load_model",
-                        concurrency_id="models", concurrency_limit=1)
+                        concurrency_id="models", concurrency_limit=1).then(api_name="follow_after_load", **follow)
     page.download_btn.click(bind(h.download_model, ctx), page.repo_box, model_outputs, api_name="download_model",
-                            concurrency_id="models", concurrency_limit=1)
+                            concurrency_id="models", concurrency_limit=1).then(
+        api_name="follow_after_download", **follow)
+
+
+def follow_model_event(ctx: AppContext, page: SimpleNamespace) -> dict:
+    """The private event that sets the method controls and family knobs for the loaded model (after a load,
+    on page load, and on the engine timer: another page or client may have switched the model)."""
+    knob_by_name = dict(zip(KNOBS, page.knob_inputs, strict=True))
+    outputs = [knob_by_name[name.removeprefix("knob:")] if name.startswith("knob:") else getattr(page, name)
+               for name in FOLLOW_OUTPUTS]
+    return dict(fn=bind(follow_model, ctx), inputs=page.settings_for, outputs=outputs, api_visibility="private",
+                queue=False, show_progress="hidden")
 
 
 def wire_settings(ctx: AppContext, page: SimpleNamespace) -> None:
     knob_by_name = dict(zip(KNOBS, page.knob_inputs, strict=True))
-    page.preset.input(h.apply_preset, [page.preset, knob_by_name["gen_length"]],
+    page.preset.input(bind(h.apply_preset, ctx), [page.preset, knob_by_name["gen_length"]],
                       [knob_by_name[k] for k in h.PRESET_KNOBS], api_name="preset")
     page.method.change(h.method_info, page.method, page.method_info, queue=False, api_name="method_info",
                        api_visibility="private")
@@ -188,6 +211,7 @@ def wire_settings(ctx: AppContext, page: SimpleNamespace) -> None:
                      api_visibility="private")
     page.timer.tick(bind(h.engine_info, ctx), None, page.system_info, api_name="engine_info",
                     api_visibility="private", concurrency_limit=None, concurrency_id="instant", show_progress="hidden")
+    page.timer.tick(api_name="follow_model", **follow_model_event(ctx, page))
     # every engine request (this page's, other pages', the API's), as the engine reports them
     page.inflight_timer.tick(bind(inflight_html, ctx), None, page.inflight, api_name="requests_in_flight",
                              api_visibility="private", concurrency_limit=None, concurrency_id="instant",
@@ -200,7 +224,7 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
         page.banner = gr.HTML(h.banner_html(ctx))
         sidebar(ctx, page)
         with gr.Row(equal_height=False):
-            chat_column(page)
+            chat_column(ctx, page)
             canvas_column(ctx, page)
         page.timer = gr.Timer(5.0)
         page.inflight_timer = gr.Timer(1.0)
@@ -211,6 +235,7 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
         wire_settings(ctx, page)
         demo.load(bind(h.on_load, ctx), None, [page.banner, page.chats, page.system_info], api_name="page_load",
                   api_visibility="private")
+        demo.load(api_name="follow_on_page_load", **follow_model_event(ctx, page))
         demo.unload(bind(h.on_unload, ctx))
     demo.queue(default_concurrency_limit=4)
     return demo
