@@ -14,7 +14,7 @@ from flash_dllm.app.presets import KNOB_RANGES, default_knobs
 from flash_dllm.engine import METHODS, GenerationSettings, SettingsError, validate
 # The one name past the engine's public surface (tests/test_engine_facade.py flags it): the engine package must
 # export defaults_for (engine/__init__.py _EXPORTS), then this line imports it from flash_dllm.engine.
-from flash_dllm.engine.families import defaults_for
+from flash_dllm.engine import defaults_for
 
 # The knobs a family's published defaults set (FamilyDefaults.settings_overrides), in the page's knob order.
 FAMILY_KNOBS = ("gen_length", "block_length", "steps", "threshold", "temperature")

@@ -25,7 +25,7 @@ from flash_dllm.engine.families import BLOCK_METHODS, KNOWN_MODELS
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 from api_testing import error_of, served_api, served_app  # noqa: E402
 
-NON_BLOCK = ("llada", "fast-dllm", "flash-cache", "flash-verify")
+NON_BLOCK = ("llada", "fast-dllm", "flash-cache", "flash-verify", "dream")
 
 
 @pytest.fixture(scope="module")
