@@ -187,6 +187,8 @@ class Scheduler:
         cfg = engine.model.config
         block = s.block_length
         width = (min(cfg.max_seq_len, 8192) + block - 1) // block * block
+        if s.method == "dream":  # it reads out every answer cell each step; its session shares one answer length
+            width = s.gen_length
         slot_len = cfg.max_seq_len + 1
         canvas = DeviceCanvas.allocate(self.max_slots + 1, slot_len, width, cfg.mask_id, cfg.eos_id,
                                        engine.tokenizer.end_ids, engine.device)  # the last slot is a spare

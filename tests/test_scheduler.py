@@ -48,7 +48,8 @@ def submit_all(engine: Engine, jobs, gap_s: float = 0.0):
 
 
 @pytest.mark.parametrize("variant", [{}, dict(method="flash-verify", gamma=0.3), dict(method="fast-dllm"),
-                                     dict(method="llada"), dict(temperature=0.8, seed=7)])
+                                     dict(method="llada"), dict(method="dream", steps=16),
+                                     dict(temperature=0.8, seed=7)])
 def test_concurrent_requests_get_their_solo_answers_and_events(engine, variant):
     many = PROMPTS + PROMPTS[:scheduler_module.MAX_SLOTS + 1 - len(PROMPTS)]
     jobs = [(p, settings(**variant)) for p in many]  # more requests than slots: some wait for a free one
