@@ -182,7 +182,9 @@ def compiling_for_gpu(capability: int):
         for config in tuner.prune_configs(kwargs):
             tuner.fn.run(*args, grid=grid, warmup=True, **kwargs, **config.all_kwargs())
 
-    previous_driver = driver._active  # None until a launch on a real GPU made one (none can be made here)
+    # Triton 3.7 makes its driver lazily behind a property (asking for it here would fail: no GPU); older ones
+    # hold a lazy proxy in a plain attribute
+    previous_driver = driver._active if hasattr(driver, "_active") else driver.active
     jit.JITFunction.run, autotuner.Autotuner.run = compile_only, every_config
     driver.set_active(_CompileOnlyDriver(capability))
     try:
