@@ -1,6 +1,13 @@
-"""What the kernel test modules share: where the kernels run, the tolerances, the error measure, and the
-fused QKV tests' layers, token batches and kernel-vs-reference check."""
+"""What the kernel test modules share: where the kernels run, the tolerances, the error measure, the fused QKV
+tests' layers, token batches and kernel-vs-reference check, and compiling kernels for a GPU without one."""
+import contextlib
+import dataclasses
+import json
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported (conftest does the same)
 
@@ -99,3 +106,124 @@ def tokens(n_tokens, d_model, dtype, n_cache_rows, seed=2, max_position=4096):
 def same_bits(*pairs) -> bool:
     """Every (a, b) pair bit-identical (NaN included)."""
     return all(a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in pairs)
+
+
+# ---- compiled for real GPUs, without one ----------------------------------------------------------------------
+# The interpreter runs kernels as Python, so errors only the compiler sees (types, layouts, shared memory, TMA on
+# a GPU without it) would show up only on a GPU. Under `compiling_for_gpu` the real launchers run on meta tensors
+# and every launch compiles its kernel through Triton's bundled ptxas for the named capability instead of running.
+
+# Shared memory one block may use (the opt-in maximum the driver reports): H200, RTX 3090.
+SHARED_MEMORY_LIMIT = {90: 232448, 86: 101376}
+
+
+@dataclasses.dataclass
+class CompiledKernel:
+    """One kernel compiled (or refused) for a GPU under `compiling_for_gpu`."""
+
+    choice: str  # what the launch was for (`CompileLog.choice` when it ran): a tuner's candidates share one
+    kernel: str
+    constants: str  # the constexprs and num_warps / num_stages it was compiled with
+    shared: int | None  # bytes of shared memory per block; None when it did not compile
+    error: str | None = None  # the compiler's message
+    seconds: float = 0.0  # compile time (0 when the JIT had compiled the same specialisation already)
+
+
+@dataclasses.dataclass
+class CompileLog:
+    choice: str = ""  # set by the caller before each launch it makes
+    kernels: list = dataclasses.field(default_factory=list)
+
+
+class _CompileOnlyDriver:
+    """What JITFunction.run asks of Triton's driver, for a GPU that is not there."""
+
+    def __init__(self, capability: int):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", capability, 32)
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return f"compile-only-sm{self.target.arch}"  # a device key of its own: the JIT caches per device
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+@contextlib.contextmanager
+def compiling_for_gpu(capability: int):
+    """Inside the block a Triton launch compiles its kernel for an sm_<capability> GPU and returns without
+    running it (an autotuned kernel compiles every config its pruning keeps, as its first GPU call would).
+    Yields the CompileLog that collects them. Needs TRITON_INTERPRET=0 at import (see `compile_in_subprocesses`)."""
+    from triton.runtime import autotuner, jit
+    from triton.runtime.driver import driver
+
+    log = CompileLog()
+    jit_run, tune_run = jit.JITFunction.run, autotuner.Autotuner.run
+
+    def compile_only(fn, *args, grid, warmup, **kwargs):
+        constants = str(kwargs)
+        start = time.perf_counter()
+        try:
+            kernel = jit_run(fn, *args, grid=grid, warmup=True, **kwargs)
+        except Exception as exc:  # the compiler's refusal is the finding: keep it and go on
+            log.kernels.append(CompiledKernel(log.choice, fn.__name__, constants, None,
+                                              f"{type(exc).__name__}: {exc}"[-2000:], time.perf_counter() - start))
+            return None
+        log.kernels.append(CompiledKernel(log.choice, fn.__name__, constants, kernel.metadata.shared, None,
+                                          time.perf_counter() - start))
+        return kernel
+
+    def every_config(tuner, *args, grid=None, warmup=False, **kwargs):
+        tuner.nargs = dict(zip(tuner.arg_names, args))
+        for config in tuner.prune_configs(kwargs):
+            tuner.fn.run(*args, grid=grid, warmup=True, **kwargs, **config.all_kwargs())
+
+    # Triton 3.7 makes its driver lazily behind a property (asking for it here would fail: no GPU); older ones
+    # hold a lazy proxy in a plain attribute
+    previous_driver = driver._active if hasattr(driver, "_active") else driver.active
+    jit.JITFunction.run, autotuner.Autotuner.run = compile_only, every_config
+    driver.set_active(_CompileOnlyDriver(capability))
+    try:
+        yield log
+    finally:
+        jit.JITFunction.run, autotuner.Autotuner.run = jit_run, tune_run
+        driver.set_active(previous_driver)
+
+
+def compile_in_subprocesses(module: str, function: str, capabilities) -> dict[int, list[CompiledKernel]]:
+    """{capability: tests/<module>.<function>(capability).kernels}, each run in a fresh interpreter with
+    TRITON_INTERPRET=0 (the kernels' launch constants are fixed at import), all capabilities at once: the
+    compiles are single-threaded, so on several cores the wall time is the slowest capability's."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    runs = {}
+    for capability in capabilities:
+        code = (f"import json, dataclasses, {module} as m; log = m.{function}({capability}); "
+                "print(json.dumps([dataclasses.asdict(k) for k in log.kernels]))")
+        runs[capability] = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parent, env=env,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = {}
+    for capability, run in runs.items():
+        stdout, stderr = run.communicate(timeout=900)
+        assert run.returncode == 0, f"sm_{capability}: {stderr[-3000:]}"
+        results[capability] = [CompiledKernel(**k) for k in json.loads(stdout.splitlines()[-1])]
+    return results
+
+
+def compile_failures(kernels: list[CompiledKernel], capability: int) -> list[str]:
+    """What is wrong with a compile log: every kernel must compile, and each (choice, kernel) must have at least
+    one config that fits the GPU's shared memory (a tuner skips the ones that do not; a fixed launch has one)."""
+    failures = [f"{k.choice}: {k.kernel} {k.constants}: {k.error}" for k in kernels if k.error]
+    limit = SHARED_MEMORY_LIMIT[capability]
+    groups: dict = {}
+    for k in kernels:
+        if k.error is None:
+            groups.setdefault((k.choice, k.kernel), []).append(k)
+    for (choice, kernel), tried in groups.items():
+        if min(k.shared for k in tried) > limit:
+            failures.append(f"{choice}: {kernel}: no config fits {limit} bytes of shared memory "
+                            f"({', '.join(f'{k.constants} needs {k.shared}' for k in tried)})")
+    return failures

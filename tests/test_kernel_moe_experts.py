@@ -13,14 +13,12 @@ What is checked (see moe_experts.py for the rounding contract):
     not depend on the id/weight dtype when the values agree, and repeated calls give the same bits;
   * the device-side tile schedule against plain arithmetic, and the grid bound over every split of the rows.
 """
-from kernel_testing import DEVICE, TOL, needs_gpu, needs_triton, rel_err  # noqa: F401  (sets TRITON_INTERPRET first)
+from kernel_testing import (DEVICE, TOL, compile_failures, compile_in_subprocesses, compiling_for_gpu,  # noqa: F401
+                            needs_gpu, needs_triton, rel_err)  # (kernel_testing sets TRITON_INTERPRET first)
 
+import functools  # noqa: E402
 import itertools  # noqa: E402
 import math  # noqa: E402
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -258,44 +256,28 @@ def test_device_schedule_is_the_plain_tile_arithmetic(counts, id_dtype):
 
 # ---- compiled for real GPUs, without one ----------------------------------------------------------------------
 
-def compile_for_gpu(capability: int) -> list[str]:
-    """Compile the four kernels with the model shapes' launch constants for an sm_<capability> GPU (Triton's
-    bundled ptxas; no GPU needed). Run with TRITON_INTERPRET=0. Returns one line per kernel."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+def compile_for_gpu(capability: int):
+    """The routed experts at the model shapes, compiled for an sm_<capability> GPU with the launch constants
+    moe_experts_triton picks (kernel_testing.compiling_for_gpu; run with TRITON_INTERPRET=0): the CompileLog."""
+    from flash_dllm.kernels._moe_experts_triton import moe_experts_triton
 
-    from flash_dllm.kernels import _moe_experts_triton as moe
+    def meta(*shape, dtype=torch.bfloat16):
+        return torch.empty(*shape, dtype=dtype, device="meta")
 
-    aligned = {"d_model", "ffn", "stride_x", "stride_we", "stride_wn", "stride_act", "stride_y", "stride_out"}
-    types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "act_ptr": "*bf16", "out_ptr": "*bf16", "y_ptr": "*fp32",
-             "weights_ptr": "*fp32", "sorted_pairs_ptr": "*i64", "schedule_ptr": "*i32", "sorted_ids_ptr": "*i64"}
-    lines = []
+    with compiling_for_gpu(capability) as log:
+        for model, (n_experts, top_k, d_model, ffn) in MODELS.items():
+            for n_tokens in (32, 2048):
+                log.choice = f"moe {model} {n_tokens} tokens"
+                moe_experts_triton(meta(n_tokens, d_model), meta(n_tokens, top_k, dtype=torch.int64),
+                                   meta(n_tokens, top_k, dtype=torch.float32), meta(n_experts, 2 * ffn, d_model),
+                                   meta(n_experts, d_model, ffn))
+    return log
 
-    def build(kernel, constants: dict, options: dict) -> None:
-        names = kernel.arg_names
-        signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
-        # what the JIT assumes at launch for 16-byte aligned pointers and sizes divisible by 16
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-                 if signature[n].startswith("*") or n in aligned}
-        compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", capability, 32),
-                                  options=options)
-        lines.append(f"{kernel.__name__} {constants} shared={compiled.metadata.shared}")
 
-    for n_experts, top_k, d_model, ffn in MODELS.values():
-        for n_tokens in (32, 2048):
-            launch = moe.moe_launch(n_tokens, top_k, n_experts, d_model, ffn, torch.bfloat16)
-            tiles, meta = launch.tiles, launch.gemm_meta
-            gemm = {k: meta[k] for k in ("BLOCK_M", "BLOCK_K", "UPCAST", "DOT_PRECISION")}
-            gemm_options = {"num_warps": meta["num_warps"], "num_stages": meta["num_stages"]}
-            schedule = dict(launch.schedule_meta)
-            build(moe._tile_schedule_kernel, schedule, {"num_warps": schedule.pop("num_warps")})
-            build(moe._gate_up_kernel, {**gemm, "BLOCK_F": tiles.block_f, "EVEN_K": True, "ROUND_BF16_BY_BITS": False},
-                  gemm_options)
-            build(moe._down_kernel, {**gemm, "BLOCK_D": tiles.block_d, "EVEN_K": True}, gemm_options)
-            summing = dict(launch.sum_meta)
-            build(moe._sum_pairs_kernel, summing, {"num_warps": summing.pop("num_warps")})
-    return lines
+@functools.lru_cache(maxsize=None)
+def compiled_for_gpus() -> dict:
+    pytest.importorskip("triton.backends.nvidia")
+    return compile_in_subprocesses("test_kernel_moe_experts", "compile_for_gpu", (90, 86))
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the GPU tests compile and run the kernels themselves")
@@ -303,13 +285,10 @@ def compile_for_gpu(capability: int) -> list[str]:
 def test_kernels_compile_for_gpus(capability):
     """The interpreter runs the kernels as Python; this compiles them as a GPU would (through ptxas), so an
     error only the compiler sees (types, layouts, shared memory) fails here rather than on the GPU machine."""
-    pytest.importorskip("triton.backends.nvidia")
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    code = f"import test_kernel_moe_experts as t; print(*t.compile_for_gpu({capability}), sep=chr(10))"
-    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("shared=") == 16, run.stdout
+    kernels = compiled_for_gpus()[capability]
+    failures = compile_failures(kernels, capability)
+    assert not failures, "\n".join(failures)
+    assert len(kernels) == 16, kernels  # 2 models x 2 token counts x 4 kernels
 
 
 # ---- CUDA: model shapes and graph replay -----------------------------------------------------------------------

@@ -1,0 +1,152 @@
+"""Every Triton kernel of the project compiled for the GPUs it claims, on a machine without one.
+
+The interpreter runs kernels as Python, so what only the compiler sees (types, layouts, shared memory over the
+limit, TMA on a GPU without it) would otherwise show up only on the GPU machine, and the RTX 3090 (sm_86, ~100
+KB of shared memory per block: the users' card) would never be tested at all. Here the real launchers run on
+meta tensors at the LLaDA-8B and Dream-7B shapes (128 and 4096 tokens, bf16) under `compiling_for_gpu`, so the
+kernels compile with the launch constants those launchers choose, through Triton's bundled ptxas, for sm_90
+(H200) and sm_86. Where a launcher leaves the choice to a tuner (the fused QKV paths' candidate configs, the
+attention autotuner), every candidate the tuner would try compiles and at least one fits in shared memory.
+
+The fused QKV selector is asked which paths run on each capability, so sm_86 compiles exactly the paths it
+would run there (the pointer kernel; the TMA and stream-K kernels need sm_90).
+The MoE kernels are compiled the same way in test_kernel_moe_experts.py. MoE aside, all of it is one
+subprocess per capability (TRITON_INTERPRET=0: the launch constants are fixed at import).
+"""
+from kernel_testing import DEVICE, MODELS, compile_failures, compile_in_subprocesses, compiling_for_gpu
+
+import functools  # noqa: E402
+from unittest import mock  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytestmark = pytest.mark.skipif(DEVICE == "cuda", reason="the GPU tests compile and run the kernels themselves")
+
+CAPABILITIES = (90, 86)  # H200; RTX 3090
+SM_COUNT = {90: 132, 86: 82}  # what the split-KV and stream-K schedules size their grids by
+TOKEN_COUNTS = (128, 4096)
+MLP_WIDTH = {"llada-8b": 12288, "dream-7b": 18944}  # intermediate_size of each model's config.json
+FAMILIES = ("fused_qkv", "scheduled_attention", "add_rms_norm", "silu_mul")
+
+
+def meta(*shape, dtype=torch.bfloat16) -> torch.Tensor:
+    """A tensor with shape, dtype and strides but no memory: what a launcher needs to pick and compile."""
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+class _ReportsCuda(torch.Tensor):
+    """A meta tensor that says it lives on cuda:0, so the fused QKV selector can be asked about a GPU."""
+
+    is_cuda = True
+    device = torch.device("cuda", 0)
+
+
+def fused_qkv_paths_on(capability: int) -> tuple[str, ...]:
+    """The paths the fused QKV selector lets auto run on an sm_<capability> GPU (bf16, LLaDA-8B's layer)."""
+    from flash_dllm.kernels import _fused_qkv_select as select
+
+    n_heads, n_kv_heads, head_dim, d_model, _, _ = MODELS["llada-8b"]
+    x = meta(128, d_model).as_subclass(_ReportsCuda)
+    w_qkv = meta((n_heads + 2 * n_kv_heads) * head_dim, d_model).as_subclass(_ReportsCuda)
+    with mock.patch.object(select, "_compute_capability", lambda index: divmod(capability, 10)):
+        return select.fused_qkv_paths("auto", x, w_qkv, head_dim, interpreter=False)
+
+
+def compile_fused_qkv(log, capability: int) -> None:
+    from flash_dllm.kernels import _fused_qkv_pointer, _fused_qkv_streamk, _fused_qkv_tma
+    from flash_dllm.kernels._fused_qkv_common import FusedQKVProblem, m_bucket
+
+    modules = {"pointer": _fused_qkv_pointer, "tma": _fused_qkv_tma, "streamk": _fused_qkv_streamk}
+    launchers = {"pointer": lambda config, problem, x, w: _fused_qkv_pointer.PointerLauncher(config, problem),
+                 "tma": _fused_qkv_tma.TMALauncher, "streamk": _fused_qkv_streamk.StreamKLauncher}
+    paths = fused_qkv_paths_on(capability)
+    for model, (n_heads, n_kv_heads, head_dim, d_model, bias, _) in MODELS.items():
+        n_qkv = (n_heads + 2 * n_kv_heads) * head_dim
+        w_qkv, b_qkv = meta(n_qkv, d_model), meta(n_qkv) if bias else None
+        cos = sin = meta(4608, head_dim // 2, dtype=torch.float32)
+        for n_tokens in TOKEN_COUNTS:
+            x, q = meta(n_tokens, d_model), meta(n_tokens, n_heads * head_dim)
+            positions = cache_rows = meta(n_tokens, dtype=torch.int64)
+            k_cache = v_cache = meta(2 * n_tokens, n_kv_heads * head_dim)
+            problem = FusedQKVProblem(n_tokens, d_model, n_heads, n_kv_heads, head_dim, torch.bfloat16, bias,
+                                      torch.device("meta"))
+            for path in paths:
+                log.choice = f"fused_qkv {path} {model} {n_tokens} tokens"
+                for config in modules[path].default_configs(m_bucket(n_tokens)):
+                    launcher = launchers[path](config, problem, x, w_qkv)
+                    launcher(x, w_qkv, b_qkv, cos, sin, positions, cache_rows, q, k_cache, v_cache)
+
+
+def compile_scheduled_attention(log, capability: int) -> None:
+    """The engine's tile height with the feature sets the engine launches:
+    plain, attention mass (Flash-Cache), kept keys + in-query keys (Flash-Verify); 128 tokens over a 4096-key
+    context split the keys (two kernels), 4096 tokens fill the GPU in one pass."""
+    from flash_dllm.engine.packing import ATTENTION_BLOCK_M
+    from flash_dllm.kernels._scheduled_attention_launcher import TritonScheduledAttention
+    from flash_dllm.kernels.scheduled_attention import build_plan
+
+    context = 4096
+    for model, (n_heads, n_kv_heads, head_dim, _, _, _) in MODELS.items():
+        op = TritonScheduledAttention(n_heads, n_kv_heads, head_dim, n_sms=SM_COUNT[capability])
+        for n_tokens in TOKEN_COUNTS:
+            rows = context + n_tokens  # the sequence's cache keys, then its in-query keys
+            q, k_cache, v_cache = meta(n_tokens, n_heads * head_dim), *(meta(rows, n_kv_heads * head_dim),) * 2
+            features = {"plain": {}, "score": dict(score_query=meta(n_tokens, dtype=torch.bool)),
+                        "keep+inq": dict(kv_keep=meta(rows, dtype=torch.bool), inq_starts=[context],
+                                         inq_mask=meta(n_tokens, n_tokens, dtype=torch.bool))}
+            for name, extra in features.items():
+                plan = build_plan([n_tokens], [0], [context], "meta", block_m=ATTENTION_BLOCK_M, **extra)
+                splits = op.bucket(q, plan, meta(rows, dtype=torch.float32)).n_splits
+                log.choice = f"scheduled_attention {name} {model} {n_tokens} tokens ({splits} splits)"
+                op(q, k_cache, v_cache, plan, meta(rows, dtype=torch.float32) if name == "score" else None)
+
+
+def compile_small_ops(log, capability: int) -> None:
+    from flash_dllm.kernels._add_rms_norm_triton import add_rms_norm_triton
+    from flash_dllm.kernels._silu_mul_triton import silu_mul_triton
+
+    for model, (_, _, _, d_model, _, _) in MODELS.items():
+        for n_tokens in TOKEN_COUNTS:
+            residual, weight = meta(n_tokens, d_model), meta(d_model)
+            log.choice = f"add_rms_norm {model} {n_tokens} tokens"
+            add_rms_norm_triton(residual, meta(n_tokens, d_model), weight, 1e-6)
+            add_rms_norm_triton(residual, None, weight, 1e-6)  # the first layer's norm: no update to add
+            log.choice = f"silu_mul {model} {n_tokens} tokens"
+            silu_mul_triton(meta(n_tokens, 2 * MLP_WIDTH[model]))
+
+
+def compile_for_gpu(capability: int):
+    """Every kernel but MoE's, for an sm_<capability> GPU (run with TRITON_INTERPRET=0): the CompileLog."""
+    from flash_dllm.kernels import _fused_qkv_streamk
+
+    with compiling_for_gpu(capability) as log, \
+            mock.patch.object(_fused_qkv_streamk, "n_programs_for", lambda device: SM_COUNT[capability]):
+        compile_fused_qkv(log, capability)
+        compile_scheduled_attention(log, capability)
+        compile_small_ops(log, capability)
+    return log
+
+
+@functools.lru_cache(maxsize=None)
+def compiled() -> dict:
+    """One subprocess per capability, both at once, shared by the tests of every kernel family."""
+    pytest.importorskip("triton.backends.nvidia")
+    return compile_in_subprocesses("test_kernels_compile", "compile_for_gpu", CAPABILITIES)
+
+
+def test_fused_qkv_selector_runs_only_the_pointer_kernel_below_sm90():
+    assert fused_qkv_paths_on(86) == ("pointer",)
+    assert fused_qkv_paths_on(90) == ("pointer", "tma", "streamk")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("capability", CAPABILITIES)
+def test_kernels_compile_for_gpus(capability, family):
+    kernels = [k for k in compiled()[capability] if k.choice.startswith(family + " ")]
+    failures = compile_failures(kernels, capability)
+    assert not failures, "\n".join(failures)
+    choices = {k.choice.split(" (")[0] for k in kernels}
+    paths = len(fused_qkv_paths_on(capability)) if family == "fused_qkv" else 1
+    variants = {"scheduled_attention": 3}.get(family, 1)  # feature sets
+    assert len(choices) == paths * variants * len(MODELS) * len(TOKEN_COUNTS), sorted(choices)
