@@ -166,3 +166,12 @@ def test_row_pool_hands_out_disjoint_ranges_and_merges_what_is_given_back():
     assert pool.take(60) == 0
     pool.grow(200)
     assert pool.take(110) == 90
+
+
+def test_a_dream_session_reads_out_only_its_answer_cells(engine):
+    """The dream method reads out every answer cell each step: its session's canvas is the answer length wide,
+    not the model's context (which would be gigabytes of logits per step at full size)."""
+    s = settings(method="dream", steps=16, gen_length=24, block_length=24)
+    assert engine.submit(PROMPTS[1], s).result(60).finish_reason in ("eos", "length")
+    assert engine._requests.session.canvas.width == 24
+    assert engine._requests.session.method.readout == 24
