@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from flash_dllm.engine.host_reference import emit_step
+from flash_dllm.engine.host_reference import emit_step, stopped
 from flash_dllm.engine.model import DiffusionLM, forward_full
 from flash_dllm.engine.sampling import DRAFT_PASS, noise_keys, predict
 from flash_dllm.engine.sequence import SequenceState
@@ -54,11 +54,7 @@ def run_block_reference(model: DiffusionLM, settings: GenerationSettings, states
     step_in_block = {s.index: 0 for s in states}
     sampling = settings.temperature > 0
     started = time.perf_counter()
-    while active := [s for s in states if not s.done]:
-        if cancel is not None and cancel.is_set():
-            for state in active:
-                state.cancelled = True
-            return
+    while (active := [s for s in states if not s.done]) and not stopped(active, cancel):
         for state in active:  # one step of every sequence, in slot order (as the device records them)
             step_started = time.perf_counter()
             block = block_of[state.index]

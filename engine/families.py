@@ -4,23 +4,18 @@ its published generation defaults and the tokens that end an answer; and the cat
 Architecture lives in engine/config.py (parsed from config.json); this module is what config.json does not
 say: the defaults the model's authors publish in their README / generate() call, and which of the engine's
 decoding methods are valid for the family. The engine should read `defaults_for(config, name)` when a model
-loads (to seed GenerationSettings through `settings_overrides`) and call `check_method(config, method)` before
-it decodes (LLaDA2 is block-causal: only the block decoder is exact for it).
+loads (to seed GenerationSettings through `settings_overrides`); which methods a model can decode is
+settings.validate's to judge (settings.model_refusal: LLaDA2 is block-causal, only the block methods are exact).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from flash_dllm.engine.config import ModelConfig
-from flash_dllm.engine.settings import SettingsError
+from flash_dllm.engine.settings import BLOCK_METHODS, METHODS
 
-ALL_METHODS = ("llada", "fast-dllm", "flash-cache", "flash-verify", "dream")
+ALL_METHODS = tuple(m for m in METHODS if m not in BLOCK_METHODS)  # what a bidirectional model can run
 BLOCK_DIFFUSION = "block-diffusion"  # LLaDA2's block decoder (commits a block, caches it, moves on)
-BLOCK_METHODS = (BLOCK_DIFFUSION, "block-diffusion-verify")  # the second adds Flash-Verify inside the block
-
-
-class MethodNotSupported(SettingsError):
-    """A decoding method the loaded model's family cannot run exactly (a settings error: one line, fixable)."""
 
 
 @dataclass(frozen=True)
@@ -125,15 +120,3 @@ def defaults_for(config: ModelConfig, name: str | None = None) -> FamilyDefaults
     if known is not None and known.family == config.family:
         return known.defaults
     return FAMILY_DEFAULTS[config.family]
-
-
-def check_method(config: ModelConfig, method: str) -> None:
-    """MethodNotSupported (one line, naming the methods that work) when ``method`` is not exact for the model:
-    a block-diffusion model (config.block_size) decodes with the block methods only, the others with their
-    family's list (settings.validate applies the same rule through settings.model_refusal)."""
-    allowed = BLOCK_METHODS if config.block_size else FAMILY_DEFAULTS[config.family].methods
-    if method not in allowed:
-        why = (f" (its attention is causal across {config.block_size}-token blocks, so only the block decoder is "
-               "exact)" if config.block_size else "")
-        raise MethodNotSupported(f"{config.family} models decode with {', '.join(allowed)}{why}; "
-                                 f"method {method!r} is not supported for them")

@@ -174,6 +174,15 @@ class Reference:
         return outcome
 
 
+def stopped(active: list[SequenceState], cancel: threading.Event | None) -> bool:
+    """True (and every active sequence marked cancelled) once the caller has asked to stop."""
+    if cancel is None or not cancel.is_set():
+        return False
+    for state in active:
+        state.cancelled = True
+    return True
+
+
 @torch.no_grad()
 def run_reference(model: DiffusionLM, ops: KernelOps, settings: GenerationSettings, states: list[SequenceState],
                   emit=lambda event: None, piece=str, cancel: threading.Event | None = None) -> None:
@@ -183,10 +192,6 @@ def run_reference(model: DiffusionLM, ops: KernelOps, settings: GenerationSettin
         return own(model, ops, settings, states, emit, piece, cancel)
     reference = Reference(model, ops, settings, states)
     started = time.perf_counter()
-    while active := [s for s in states if not s.done]:
-        if cancel is not None and cancel.is_set():
-            for state in active:
-                state.cancelled = True
-            return
+    while (active := [s for s in states if not s.done]) and not stopped(active, cancel):
         reference.step(active, emit, piece, started)
 

@@ -39,6 +39,8 @@ class Method:
     # one (engine/host_reference.py) built from build_reference's strategy and refresh policy.
     host_reference: Callable | None = None
     end_rule: str = "stop"  # default of GenerationSettings.end_rule: "official" | "stop"
+    # Reads out every answer cell each step: a session's canvas must be no wider than its answer length.
+    whole_answer_readout: bool = False
 
 
 def _bound(method, s, canvas):
@@ -130,7 +132,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            _block_device, _no_strategy, verify=True, block_causal=True, host_reference=_block_reference),
     Method("dream", "Dream's diffusion_generate: full forward every step, no blocks, `steps` steps on an eps "
                     "schedule, cells chosen by --alg (origin, maskgit_plus, topk_margin, entropy)",
-           _dream_device, _dream_reference, end_rule="official"),
+           _dream_device, _dream_reference, end_rule="official", whole_answer_readout=True),
 )}
 
 

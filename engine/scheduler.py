@@ -187,12 +187,12 @@ class Scheduler:
         cfg = engine.model.config
         block = s.block_length
         width = (min(cfg.max_seq_len, 8192) + block - 1) // block * block
-        if s.method == "dream":  # it reads out every answer cell each step; its session shares one answer length
+        method = METHODS[s.method]
+        if method.whole_answer_readout:  # its requests share one answer length (shape_key)
             width = s.gen_length
         slot_len = cfg.max_seq_len + 1
         canvas = DeviceCanvas.allocate(self.max_slots + 1, slot_len, width, cfg.mask_id, cfg.eos_id,
                                        engine.tokenizer.end_ids, engine.device)  # the last slot is a spare
-        method = METHODS[s.method]
         verify = VerifySpec(s.candidates_cap, s.acceptance) if method.verify else None
         self.session = DecodeSession(engine.model, engine.ops, method.build_device(s, canvas, cfg.shift_logits),
                                      canvas, verify, s.temperature > 0, s.cfg_scale, graphs=engine.graphs,

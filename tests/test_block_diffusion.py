@@ -21,6 +21,7 @@ from flash_dllm.engine.settings import GenerationSettings, SettingsError, valida
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 from flash_dllm.engine.tokenizer import load_tokenizer
 from flash_dllm.engine.weights import load_model
+from decoder_testing import step_fields
 
 BLOCK = 8
 # prompt lengths 36, 54, 24 and 57 tokens (chat template): three end mid-block, one on a block boundary
@@ -71,12 +72,6 @@ def ending_engine(folder) -> Engine:
 
 def settings(**changes) -> GenerationSettings:
     return GenerationSettings(method="block-diffusion", gen_length=32, block_length=BLOCK).with_overrides(**changes)
-
-
-def step_fields(events) -> list[dict]:
-    rows = [{k: v for k, v in e.to_dict().items() if k not in ("elapsed_s", "step_ms")}
-            for e in events if getattr(e, "kind", "") == "step"]
-    return sorted(rows, key=lambda r: (r["step"], r["seq"]))
 
 
 def compare(engine: Engine, s: GenerationSettings, prompts=PROMPTS, lag: int | None = None):

@@ -14,7 +14,8 @@ from flash_dllm.engine.engine import Engine
 from flash_dllm.engine.model import forward_full
 from flash_dllm.engine.settings import GenerationSettings
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
-from test_block_diffusion import BLOCK, PROMPTS, compare, settings, step_fields
+from decoder_testing import graph_and_eager, needs_cuda
+from test_block_diffusion import BLOCK, PROMPTS, compare, settings
 
 
 @pytest.mark.slow
@@ -27,22 +28,6 @@ def test_bench_decode_times_block_diffusion_on_a_model_without_a_block_size(tiny
     rows = json.loads((out / "decode.json").read_text())["rows"]
     assert [r["method"] for r in rows] == ["block-diffusion", "flash-cache"]
     assert all(r["iterations_per_process"] >= 1 and r["tokens_per_s"] > 0 for r in rows)
-
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or __import__("os").environ.get("TRITON_INTERPRET") == "1",
-                                reason="CUDA graphs need a CUDA device (and compiled Triton kernels)")
-
-
-def graph_and_eager(engine: Engine, prompts, s: GenerationSettings):
-    """The same call replayed as CUDA graphs and run eagerly (fresh sessions both)."""
-    outcomes = []
-    for graphs in (True, False):
-        engine.graphs, engine._decode = graphs, None
-        events = []
-        results = engine.generate(prompts, s, on_event=events.append)
-        outcomes.append((results, step_fields(events), engine.last_run))
-    engine.graphs, engine._decode = True, None
-    return outcomes
 
 
 @needs_cuda

@@ -23,6 +23,7 @@ from flash_dllm.engine.settings import GenerationSettings
 from flash_dllm.engine.strategies import threshold_select, top_k
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 from flash_dllm.engine.weights import load_model
+from decoder_testing import graph_and_eager, needs_cuda, step_fields
 
 PROMPTS = ["What is 12*7?", "hello there, how are you today?", "x", "Count: one two three four five six"]
 FAMILIES = {"llada": TinySpec(family="llada"), "dream": TinySpec(family="dream", n_kv_heads=2)}
@@ -78,13 +79,6 @@ def settings(**changes) -> GenerationSettings:
     base = GenerationSettings(method="flash-cache", gen_length=32, block_length=8, window=8, lookahead=8, track=8,
                               threshold=0.6)
     return base.with_overrides(**changes)
-
-
-def step_fields(events) -> list[dict]:
-    """StepEvents without their timings, in a canonical order (the reference emits per step in slot order too)."""
-    rows = [{k: v for k, v in e.to_dict().items() if k not in ("elapsed_s", "step_ms")}
-            for e in events if getattr(e, "kind", "") == "step"]
-    return sorted(rows, key=lambda r: (r["step"], r["seq"]))
 
 
 def compare(engine: Engine, s: GenerationSettings, prompts=PROMPTS, lag: int | None = None):
@@ -198,22 +192,6 @@ def test_sampling_noise_is_keyed_uniform_and_differs_between_keys():
     assert not torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])
     again = uniform_noise(noise_keys(torch.tensor([3]), torch.tensor([0]), 0, torch.tensor([5])), 4096)
     assert torch.equal(again[0], noise[0])
-
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or __import__("os").environ.get("TRITON_INTERPRET") == "1",
-                                reason="CUDA graphs need a CUDA device (and compiled Triton kernels)")
-
-
-def graph_and_eager(engine: Engine, prompts, s: GenerationSettings):
-    """The same call replayed as CUDA graphs and run eagerly (fresh sessions both)."""
-    outcomes = []
-    for graphs in (True, False):
-        engine.graphs, engine._decode = graphs, None
-        events = []
-        results = engine.generate(prompts, s, on_event=events.append)
-        outcomes.append((results, step_fields(events), engine.last_run))
-    engine.graphs, engine._decode = True, None
-    return outcomes
 
 
 @needs_cuda

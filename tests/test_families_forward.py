@@ -3,12 +3,10 @@ float64 reference written here from the published architectures, reading config.
 their Hugging Face names (no engine code): per-head QK-norm, partial RoPE, the two routers (softmax without
 renormalisation; sigmoid + expert bias + group-limited top-k + renormalisation + scaling), shared expert,
 dense first layer, GQA, and LLaDA2's block-causal attention over a sequence longer than one block."""
-import json
 import math
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from flash_dllm.engine.model import CachedStep, bind_kernels, forward_cached, forward_full, forward_hidden, lm_logits
 from flash_dllm.engine.moe_model import route
@@ -16,6 +14,7 @@ from flash_dllm.kernels.moe_experts import moe_experts_reference
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 from flash_dllm.engine.weights import load_model
 from flash_dllm.kernels.scheduled_attention import build_plan
+from reference_testing import read_checkpoint, rms
 
 LLADA2_BLOCK = 32  # the trained block of LLaDA2 (sglang's DLLM_PARAMS), not a config.json key
 
@@ -30,18 +29,6 @@ def tiny_llada2(tmp_path_factory):
     """GQA (4 query heads on 2 KV heads), layer 0 dense, 8 experts in 4 groups, one shared expert."""
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llada2", TinySpec(family="llada2", n_kv_heads=2),
                             shards=2)
-
-
-def read_checkpoint(folder):
-    raw = json.loads((folder / "config.json").read_text())
-    state = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        state.update({k: v.double() for k, v in load_file(str(path)).items()})
-    return raw, state
-
-
-def rms(x, weight, eps):
-    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * weight
 
 
 def rope_first(x, theta, rotary):

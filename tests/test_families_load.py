@@ -9,8 +9,8 @@ import torch
 from flash_dllm.app.cli import main
 from flash_dllm.app.models import known_models
 from flash_dllm.engine.config import UnsupportedModelError, config_from_dict
-from flash_dllm.engine.families import (BLOCK_DIFFUSION, FAMILY_DEFAULTS, KNOWN_MODELS, MethodNotSupported,
-                                        check_method, defaults_for)
+from flash_dllm.engine.families import BLOCK_DIFFUSION, FAMILY_DEFAULTS, KNOWN_MODELS, defaults_for
+from flash_dllm.engine.settings import GenerationSettings, SettingsError, validate
 from flash_dllm.engine.geometry import GEOMETRY, random_model, weight_bytes
 from flash_dllm.engine.hub import GIB, fit_check, known_model_fits, list_cached_models, pull
 from flash_dllm.engine.model import forward_full
@@ -83,11 +83,11 @@ def test_llada2_generates_through_the_cli_with_its_block_method_by_default(fake_
 
 def test_llada2_allows_only_the_block_decoder(tiny_moe_folders):
     cfg = load_model(tiny_moe_folders["llada2"]).config
-    for method in ("llada", "fast-dllm", "flash-cache", "flash-verify"):
-        with pytest.raises(MethodNotSupported, match=BLOCK_DIFFUSION):
-            check_method(cfg, method)
-    check_method(cfg, BLOCK_DIFFUSION)
-    check_method(load_model(tiny_moe_folders["llada-moe"]).config, "flash-cache")
+    for method in ("llada", "fast-dllm", "flash-cache", "flash-verify", "dream"):
+        with pytest.raises(SettingsError, match=BLOCK_DIFFUSION):
+            validate(GenerationSettings(method=method), model_config=cfg)
+    validate(GenerationSettings(method=BLOCK_DIFFUSION), model_config=cfg)
+    validate(GenerationSettings(method="flash-cache"), model_config=load_model(tiny_moe_folders["llada-moe"]).config)
 
 
 def test_published_defaults_by_checkpoint_then_family(tiny_dream, tiny_moe_folders):

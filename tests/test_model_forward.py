@@ -9,22 +9,10 @@ import math
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from flash_dllm.engine.model import forward_full
 from flash_dllm.engine.weights import load_model
-
-
-def read_checkpoint(folder):
-    raw = json.loads((folder / "config.json").read_text())
-    state = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        state.update({k: v.double() for k, v in load_file(str(path)).items()})
-    return raw, state
-
-
-def rms(x, weight, eps):
-    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * weight
+from reference_testing import read_checkpoint, rms
 
 
 def rope(x, theta):
