@@ -140,3 +140,24 @@ def test_block_view_masks_match_what_the_decoders_see():
     half, _ = draw_masks(answers, t, 0.5)
     clean_start = (~half[:, :40]).all(1).float().mean()  # only block views with a start > 0 keep 40 clean
     assert 0.25 < float(clean_start) < 0.45
+
+
+def test_bf16_on_the_cpu_is_opt_in_and_trains(tmp_path):
+    """--bf16-cpu runs the CPU's forward and backward under bf16 autocast (AVX512-BF16 matmuls), and still learns;
+    without it the CPU trains in fp32 whatever --bf16 says (that flag is CUDA's)."""
+    assert not train.Trainer(train.parse_args(tiny_args(tmp_path / "fp32", "--max-steps", "1"))).use_bf16
+    torch.manual_seed(0)
+    trainer = train.Trainer(train.parse_args(tiny_args(tmp_path / "bf16", "--max-steps", "25", "--bf16-cpu")))
+    assert trainer.use_bf16
+    seen = []
+    loss = trainer.loss_fn
+
+    def watched(*args):  # what autocast is in force while the loss (forward and graph) is built
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return loss(*args)
+
+    trainer.loss_fn = watched
+    trainer.train()
+    assert seen and set(seen) == {(True, torch.bfloat16)}, set(seen)
+    losses = [row["loss"] for row in trainer.log["train"]]
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses

@@ -50,7 +50,8 @@ class TrainConfig:
     seed: int = 0
     compile: bool = True  # on CUDA; on the CPU only with --compile-cpu (tests of the compiled path)
     compile_cpu: bool = False
-    bf16: bool = True
+    bf16: bool = True  # bf16 autocast on CUDA
+    bf16_cpu: bool = False  # bf16 autocast on the CPU too: with AVX512-BF16 its matmuls run ~2.5x fp32
     ckpt_dir: str = ""  # default: OUT/../<name>-ckpt
     ckpt_every: float = 120.0  # seconds of training between checkpoints
     resume: bool = False

@@ -220,7 +220,9 @@ class Trainer:
 
     @property
     def use_bf16(self) -> bool:
-        return self.cfg.bf16 and self.device.type == "cuda"
+        if self.device.type == "cuda":
+            return self.cfg.bf16
+        return self.cfg.bf16_cpu
 
     def feed(self, block: bool = False):
         for part in self.stream.ready(block):
@@ -324,7 +326,7 @@ def main(argv=None) -> int:
     cfg = parse_args(argv)
     trainer = Trainer(cfg)
     print(f"model: {trainer.n_params / 1e6:.2f}M params on {trainer.device}, "
-          f"{'bf16 ' if cfg.bf16 and trainer.device.type == 'cuda' else ''}"
+          f"{'bf16 ' if trainer.use_bf16 else ''}"
           f"{'compiled' if trainer.compiled else 'eager'}", flush=True)
     trainer.train()
     folder = trainer.save()
