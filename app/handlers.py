@@ -20,11 +20,9 @@ from flash_dllm.app.models import ModelError, known_models, model_purpose
 from flash_dllm.app.presets import default_knobs, preset_values
 from flash_dllm.app.stats import format_bytes, stats_rows, stats_table
 from flash_dllm.app.turns import AppContext, chat_choices, chat_messages, chat_turn, note, save_orphans
-from flash_dllm.engine import METHODS, GenerationSettings, hub, memory_snapshot
+from flash_dllm.engine import METHODS, hub, memory_snapshot
 
 PRESET_KNOBS = ("block_length", "steps", "threshold", "gamma", "window", "lookahead", "track")
-DEFAULT_METHOD = GenerationSettings().method
-DEFAULT_METHOD_B = "llada" if "llada" in METHODS else DEFAULT_METHOD  # what side by side compares with
 K0 = default_knobs()
 
 
@@ -110,8 +108,8 @@ def chat_awaiting_answer(ctx: AppContext, chat_id: str | None) -> str | None:
     return chat_id if not messages or messages[-1]["role"] == "user" else None
 
 
-def chat(ctx: AppContext, message, chat_id=None, system="", method=DEFAULT_METHOD, side_by_side=False,
-         method_b=DEFAULT_METHOD_B, gen_length=K0["gen_length"], block_length=K0["block_length"], steps=K0["steps"],
+def chat(ctx: AppContext, message, chat_id=None, system="", method=None, side_by_side=False,
+         method_b=None, gen_length=K0["gen_length"], block_length=K0["block_length"], steps=K0["steps"],
          threshold=K0["threshold"], gamma=K0["gamma"], temperature=K0["temperature"], window=K0["window"],
          lookahead=K0["lookahead"], track=K0["track"], max_candidates=K0["max_candidates"], seed=K0["seed"],
          request: gr.Request = None):
@@ -121,8 +119,8 @@ def chat(ctx: AppContext, message, chat_id=None, system="", method=DEFAULT_METHO
                          request.session_hash if request else None)
 
 
-def regenerate(ctx: AppContext, chat_id, system="", method=DEFAULT_METHOD, side_by_side=False,
-               method_b=DEFAULT_METHOD_B, gen_length=K0["gen_length"], block_length=K0["block_length"],
+def regenerate(ctx: AppContext, chat_id, system="", method=None, side_by_side=False,
+               method_b=None, gen_length=K0["gen_length"], block_length=K0["block_length"],
                steps=K0["steps"], threshold=K0["threshold"], gamma=K0["gamma"],
                temperature=K0["temperature"], window=K0["window"], lookahead=K0["lookahead"],
                track=K0["track"], max_candidates=K0["max_candidates"], seed=K0["seed"],

@@ -20,6 +20,9 @@ from flash_dllm.engine import defaults_for
 FAMILY_KNOBS = ("gen_length", "block_length", "steps", "threshold", "temperature")
 ENGINE_DEFAULT = GenerationSettings()
 COMPARE_WITH = ("llada", "block-diffusion-verify")  # side by side's second method when the model can run it
+# with no model loaded (and for an endpoint call naming no method before one is): the engine's defaults
+DEFAULT_METHOD = ENGINE_DEFAULT.method
+DEFAULT_METHOD_B = "llada" if "llada" in METHODS else DEFAULT_METHOD
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import gradio as gr
 from flash_dllm.app.canvas import empty_canvas_html
 from flash_dllm.app.chats import Chat, ChatStore, clean_text
 from flash_dllm.app.live import FRAME_S, LiveRun, RunView
+from flash_dllm.app.model_settings import DEFAULT_METHOD, DEFAULT_METHOD_B, page_settings
 from flash_dllm.app.models import ModelHost
 from flash_dllm.app.presets import KNOBS, build_settings
 from flash_dllm.app.sessions import Recordings, Sessions
@@ -85,6 +86,17 @@ def stop_note(views: list[RunView], kept: bool, regenerate: bool) -> str:
                 "message is back in the box.", "warn")
 
 
+def loaded_model_methods(ctx: AppContext, method: str | None, method_b: str | None) -> tuple[str, str]:
+    """``method`` and ``method_b``, each left empty replaced by the loaded model's first and comparison methods
+    (the engine's defaults when no model is loaded: the turn then stops at "No model is loaded")."""
+    if method and method_b:
+        return method, method_b
+    model = page_settings(ctx.host.engine)
+    first = model.method if model else DEFAULT_METHOD
+    second = model.method_b if model else DEFAULT_METHOD_B
+    return method or first, method_b or second
+
+
 def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system: str, method: str,
               side_by_side: bool, method_b: str, knob_values: tuple, session: str | None, regenerate: bool = False):
     """Generator of output tuples (see OUTPUTS) for one streamed turn."""
@@ -110,6 +122,8 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
             yield emit(status=note(f"The message is {len(text)} characters long; the limit is {ctx.max_message_chars}.",
                                    "error"), message=message)
             return
+    # an API call that names no method gets the loaded model's own (a block model refuses flash-cache)
+    method, method_b = loaded_model_methods(ctx, method, method_b)
     try:
         settings = build_settings(method, **knobs)
         settings_b = build_settings(method_b, **knobs) if side_by_side else None

@@ -18,7 +18,8 @@ import gradio as gr
 from flash_dllm.app import handlers as h
 from flash_dllm.app.canvas import empty_canvas_html
 from flash_dllm.app.inflight import inflight_html
-from flash_dllm.app.model_settings import FOLLOW_OUTPUTS, follow_model, knob_update, page_settings
+from flash_dllm.app.model_settings import (DEFAULT_METHOD, DEFAULT_METHOD_B, FOLLOW_OUTPUTS, follow_model, knob_update,
+                                          page_settings)
 from flash_dllm.app.presets import DEFAULT_PRESET, KNOB_RANGES, KNOBS, PRESETS
 from flash_dllm.app.turns import OUTPUTS, AppContext, chat_choices, note
 from flash_dllm.engine import METHODS
@@ -74,7 +75,7 @@ def chat_column(ctx: AppContext, page: SimpleNamespace) -> None:
     model = page_settings(ctx.host.engine)
     page.settings_for = gr.State(model.model if model else None)
     methods = list(model.methods) if model else list(METHODS)
-    method = model.method if model else h.DEFAULT_METHOD
+    method = model.method if model else DEFAULT_METHOD
     with gr.Column(scale=4, min_width=360):
         page.chatbot = gr.Chatbot(label="Chat", height=440, buttons=["copy", "copy_all"],
                                   placeholder="Ask something: the answer is decoded in parallel on the canvas.")
@@ -96,7 +97,7 @@ def chat_column(ctx: AppContext, page: SimpleNamespace) -> None:
             page.system = gr.Textbox("", label="System prompt", lines=2, placeholder="(optional)")
             with gr.Row():
                 page.side = gr.Checkbox(label="Side by side", value=False)
-                page.method_b = gr.Dropdown(methods, value=model.method_b if model else h.DEFAULT_METHOD_B,
+                page.method_b = gr.Dropdown(methods, value=model.method_b if model else DEFAULT_METHOD_B,
                                             label="Compare with")
             with gr.Accordion("Raw knobs", open=False):
                 page.knob_inputs = []

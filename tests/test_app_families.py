@@ -122,6 +122,26 @@ def test_a_message_with_the_pages_starting_values_decodes_a_block_model(engines,
     assert "block-diffusion" in refused["status"] and "fd-error" in refused["status"]
 
 
+def test_a_chat_or_regenerate_call_naming_no_method_uses_the_loaded_models_methods(engines, tmp_path):
+    """A script calling the page's `chat` endpoint with only a message (gradio_client fills the defaults) gets the
+    loaded model's first method, and side by side its comparison method: never a method the model refuses."""
+    ctx = context(engines["llada2"], tmp_path)
+    out = run_turn(ctx, gen_length=64, block_length=32, side_by_side=True)
+    assert "Done." in out["status"], out["status"]
+    chat_id = ctx.store.list()[0].id
+    saved = ctx.store.get(chat_id).messages[-1]
+    assert saved["meta"]["method"] == "block-diffusion"
+    assert " verify)</td>" in out["stats_b"], out["stats_b"]  # B drafted and verified: block-diffusion-verify
+    final = None
+    for final in h.regenerate(ctx, chat_id, "", gen_length=64, block_length=32):
+        pass
+    assert "Done." in dict(zip(OUTPUTS, final, strict=True))["status"]
+    assert ctx.store.get(chat_id).messages[-1]["meta"]["method"] == "block-diffusion"
+    ctx = context(engines["llada"], tmp_path / "llada")  # a bidirectional model keeps the engine's default
+    run_turn(ctx, gen_length=16, block_length=16)
+    assert ctx.store.list()[0].messages[-1]["meta"]["method"] == "flash-cache"
+
+
 # ---------------------------------------------------------------------------- the model picker
 def test_the_picker_lists_known_checkpoints_with_their_fit_beside_the_downloaded(engines, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # nothing downloaded
