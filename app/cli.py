@@ -46,12 +46,26 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"error: {message} (see {self.prog} --help)\n")
 
 
+MODEL_HELP = "model folder or Hugging Face repo id (default: the last one used, else the bundled model)"
+
+
+def add_load_arguments(p) -> None:
+    """--model, --device, --dtype, --kernels and --no-graphs: how a command loads its model (generate, the app and
+    serve take the same five). A parser or an argument group."""
+    p.add_argument("--model", default=None, help=MODEL_HELP)
+    p.add_argument("--device", default=None, help="cuda, cuda:N, cpu or auto (default: cuda when available)")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default=None,
+                   help="weights dtype (default: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--kernels", choices=["auto", "triton", "torch"], default=None,
+                   help="kernel backend (default: triton on GPU, torch on CPU)")
+    p.add_argument("--no-graphs", action="store_true", help=NO_GRAPHS_HELP)
+
+
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     from flash_dllm.engine import ACCEPTANCE_RULES, CACHE_MODES, METHODS, GenerationSettings
 
     d = GenerationSettings()
-    p.add_argument("--model", help="Hugging Face repo id (org/name) or model folder; default: the last model used, "
-                                   "else the bundled model")
+    add_load_arguments(p)
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", help="the user message")
     source.add_argument("--batch-file", type=Path, help="a file with one prompt per line, decoded as one batch")
@@ -80,12 +94,6 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alg-temp", type=float, help=f"dream: randomness of the cell order (default {d.alg_temp})")
     p.add_argument("--top-p", type=float, help="dream: nucleus filter (default none)")
     p.add_argument("--top-k", type=int, help="dream: top-k filter (default none)")
-    p.add_argument("--device", default="auto", help="cuda, cuda:N, cpu or auto (default auto)")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
-                   help="weights dtype (default: bf16 on GPU, fp32 on CPU)")
-    p.add_argument("--kernels", choices=["triton", "torch"],
-                   help="kernel backend (default: triton on GPU, torch on CPU)")
-    p.add_argument("--no-graphs", action="store_true", help=NO_GRAPHS_HELP)
     p.add_argument("--no-chat-template", action="store_true", help="feed the raw prompt (base models)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 

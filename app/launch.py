@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from flash_dllm.app import shutdown
-from flash_dllm.app.cli import NO_GRAPHS_HELP
+from flash_dllm.app.cli import add_load_arguments
 from flash_dllm.app.guard import AccessPolicy, GuardMiddleware
 
 SHARE_WARNING = ("Anyone with the public link can use this machine: its GPU, your chats and the model "
@@ -28,13 +28,7 @@ SHARE_WARNING = ("Anyone with the public link can use this machine: its GPU, you
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group("chat app (no subcommand)")
-    group.add_argument("--model", default=None,
-                       help="model folder or Hugging Face repo id (default: the last one used, else the bundled model)")
-    group.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
-    group.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU)")
-    group.add_argument("--kernels", default=None,
-                       help="kernel backend: triton or torch (default: triton on CUDA, torch on CPU)")
-    group.add_argument("--no-graphs", action="store_true", help=NO_GRAPHS_HELP)
+    add_load_arguments(group)
     group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     group.add_argument("--port", type=int, default=None, help="port (default: the first free one from 7860)")
     group.add_argument("--no-browser", action="store_true", help="do not open a browser tab")

@@ -17,16 +17,11 @@ GRACE_S = 5.0  # after Ctrl-C, streams in flight get this long before they are c
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    from flash_dllm.app.cli import NO_GRAPHS_HELP
+    from flash_dllm.app.cli import add_load_arguments
 
-    p.add_argument("--model", default=None,
-                   help="model folder or Hugging Face repo id (default: the last one used, else the bundled model)")
+    add_load_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
-    p.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: bf16 on GPU, fp32 on CPU)")
-    p.add_argument("--kernels", default=None, help="kernel backend: triton or torch (default: triton on CUDA)")
-    p.add_argument("--no-graphs", action="store_true", help=NO_GRAPHS_HELP)
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' (default: $FLASH_DLLM_API_KEY; generated and printed when "
                         "listening beyond this machine)")

@@ -152,9 +152,14 @@ def test_launcher_flags_are_checked_before_the_model_loads(tmp_path, capsys, mon
         (["--host", "no-such-host.invalid"], ["--host", "no-such-host.invalid"]),
         (["--host", "203.0.113.7"], ["--host", "not an address of this machine"]),
         (["--device", "gpu0"], ["--device", "unknown device"]),
+        (["--dtype", "bf61"], ["--dtype", "'bf16', 'fp16'"]),  # the five load flags are generate's, with its choices
+        (["--kernels", "cuda"], ["--kernels", "triton"]),
     ]
     for flags, needles in cases:
         code, _, err = run(["--no-browser", *flags], capsys)
+        assert_one_line(code, err, *needles)
+    for flags, needles in cases[-2:]:
+        code, _, err = run(["serve", *flags], capsys)
         assert_one_line(code, err, *needles)
     home = unwritable(tmp_path, "ro-home")
     monkeypatch.setenv("FLASH_DLLM_HOME", str(home))
