@@ -289,7 +289,7 @@ class Trainer:
                        "lr": self.opt.param_groups[0]["lr"],
                        "tokens_per_s": window_tokens / max(now - window_start, 1e-9)}
                 self.log["train"].append(row)
-                progress.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s'] / 1e6:.2f}M", refresh=False)
+                progress.set_postfix(loss=f"{row['loss']:.4f}", tok_s=per_second(row["tokens_per_s"]), refresh=False)
                 acc, window_tokens, window_start = None, 0, now
         progress.close()
         self.stream.close()
@@ -320,6 +320,11 @@ class Trainer:
         artifacts.plot_curve(self.log, self.out.parent / f"{self.out.name}-loss.png")
         print("summary: " + json.dumps(summary), flush=True)
         return self.out
+
+
+def per_second(rate: float) -> str:
+    """Positions per second for the progress bar: millions on a GPU, thousands on a CPU (1.9k, not 0.00M)."""
+    return f"{rate / 1e6:.2f}M" if rate >= 1e5 else f"{rate / 1e3:.1f}k"
 
 
 def main(argv=None) -> int:
