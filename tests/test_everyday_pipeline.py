@@ -79,3 +79,12 @@ def test_a_warm_start_from_the_bundled_model_runs_with_its_tokenizer(tmp_path):
     first = trainer.log["val"][0]["loss"]
     assert set(first) >= set(data.FAMILIES) and all(math.isfinite(v) for v in first.values())
     assert first["arith"] < first["everyday"]  # the bundled model knows the old forms, not yet the new ones
+
+
+def test_the_reference_decoders_evaluate_with_the_stop_end_rule_the_records_used():
+    """The recorded held-out numbers were measured with the stop end rule; the reference methods now default to
+    the official one (decoding past the end), so the evaluator pins stop for them, and only for them."""
+    for name, decoder in evaluate.DECODERS.items():
+        settings = evaluate.settings_for(decoder, 128, 32)
+        assert settings.resolved_end_rule == "stop", name
+        assert ("end_rule" in decoder.settings) == (settings.method in ("llada", "fast-dllm")), name

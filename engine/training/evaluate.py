@@ -31,11 +31,15 @@ class Decoder:
     settings: dict = field(default_factory=dict)  # GenerationSettings overrides; steps=-1 means one pass per block
 
 
+# The reference methods decode with the stop end rule here, as every recorded number was measured (the
+# official rule, now their default, decodes the padding after the end token on: 128 passes for every answer
+# and different tokens before the end; `--end-rule` in the CLI shows both).
+STOP = {"end_rule": "stop"}
 DECODERS = {
-    "llada": Decoder("llada, 1 token/step", {"method": "llada"}),
-    "fast-dllm-0.9": Decoder("fast-dllm τ=0.9", {"method": "fast-dllm", "threshold": 0.9}),
-    "fast-dllm-0.7": Decoder("fast-dllm τ=0.7", {"method": "fast-dllm", "threshold": 0.7}),
-    "one-pass-per-block": Decoder("llada, 1 pass/block", {"method": "llada", "steps": -1}),
+    "llada": Decoder("llada, 1 token/step", {"method": "llada", **STOP}),
+    "fast-dllm-0.9": Decoder("fast-dllm τ=0.9", {"method": "fast-dllm", "threshold": 0.9, **STOP}),
+    "fast-dllm-0.7": Decoder("fast-dllm τ=0.7", {"method": "fast-dllm", "threshold": 0.7, **STOP}),
+    "one-pass-per-block": Decoder("llada, 1 pass/block", {"method": "llada", "steps": -1, **STOP}),
     "flash-cache": Decoder("flash-cache", {"method": "flash-cache"}),
     "flash-verify": Decoder("flash-verify", {"method": "flash-verify"}),
 }
