@@ -1,4 +1,5 @@
-"""Helpers shared by the decoder tests: step events without timings, and CUDA graph vs eager runs."""
+"""Helpers shared by the decoder tests: step events without timings, the device decoder against the host
+reference, and CUDA graph vs eager runs."""
 from __future__ import annotations
 
 import os
@@ -27,3 +28,25 @@ def graph_and_eager(engine, prompts, s):
         outcomes.append((results, step_fields(events), engine.last_run))
     engine.graphs, engine._decode = True, None
     return outcomes
+
+
+def compare_to_reference(engine, s, prompts, lag: int | None = None, events_match=None):
+    """Generate with the device decoder and with the host reference (engine/host_reference.py); assert the same
+    answers, counts and finish reasons, and the same step events (``events_match(device, reference)``, default
+    equality). ``lag``: build this shape's session first, then keep its host that many steps ahead of its
+    reads. Returns (results, reference states)."""
+    from flash_dllm.engine.host_reference import run_reference
+
+    if lag is not None:
+        engine.generate(prompts, s)
+        engine._decode[1].lag = lag
+    device_events, reference_events = [], []
+    results = engine.generate(prompts, s, on_event=device_events.append)
+    states = engine.new_states(prompts, s)
+    run_reference(engine.model, engine.ops, s, states, emit=reference_events.append, piece=engine.tokenizer.piece)
+    assert [r.token_ids for r in results] == [st.answer_ids() for st in states]
+    for name in ("forward_passes", "verify_passes", "accepted_drafts", "steps", "finish_reason"):
+        assert [getattr(r, name) for r in results] == [getattr(st, name) for st in states], name
+    device, reference = step_fields(device_events), step_fields(reference_events)
+    assert (events_match or (lambda a, b: a == b))(device, reference)
+    return results, states

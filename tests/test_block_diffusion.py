@@ -15,13 +15,12 @@ from flash_dllm.engine.block_diffusion import BlockDiffusion, llada2_quota
 from flash_dllm.engine.block_diffusion_reference import llada2_commit_indices
 from flash_dllm.engine.device_plan import top_k_select
 from flash_dllm.engine.engine import Engine
-from flash_dllm.engine.host_reference import run_reference
 from flash_dllm.engine.model import forward_full, forward_hidden
 from flash_dllm.engine.settings import GenerationSettings, SettingsError, validate
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 from flash_dllm.engine.tokenizer import load_tokenizer
 from flash_dllm.engine.weights import load_model
-from decoder_testing import step_fields
+from decoder_testing import compare_to_reference, step_fields
 
 BLOCK = 8
 # prompt lengths 36, 54, 24 and 57 tokens (chat template): three end mid-block, one on a block boundary
@@ -75,19 +74,7 @@ def settings(**changes) -> GenerationSettings:
 
 
 def compare(engine: Engine, s: GenerationSettings, prompts=PROMPTS, lag: int | None = None):
-    if lag is not None:  # build this shape's session, then keep its host `lag` steps ahead of its reads
-        engine.generate(prompts, s)
-        engine._decode[1].lag = lag
-    device_events, reference_events = [], []
-    results = engine.generate(prompts, s, on_event=device_events.append)
-    states = engine.new_states(prompts, s)
-    run_reference(engine.model, engine.ops, s, states, emit=reference_events.append, piece=engine.tokenizer.piece)
-    assert [r.token_ids for r in results] == [st.answer_ids() for st in states]
-    assert [r.forward_passes for r in results] == [st.forward_passes for st in states]
-    assert [r.steps for r in results] == [st.steps for st in states]
-    assert [r.finish_reason for r in results] == [st.finish_reason for st in states]
-    assert same_events(step_fields(device_events), step_fields(reference_events))
-    return results, states
+    return compare_to_reference(engine, s, prompts, lag, events_match=same_events)
 
 
 def same_events(device: list[dict], reference: list[dict]) -> bool:

@@ -15,7 +15,6 @@ from flash_dllm.engine.device_canvas import NOT_NEW, DeviceCanvas
 from flash_dllm.engine.device_plan import threshold_select as device_threshold
 from flash_dllm.engine.device_plan import top_k_select
 from flash_dllm.engine.engine import Engine
-from flash_dllm.engine.host_reference import run_reference
 from flash_dllm.engine.model import forward_hidden
 from flash_dllm.engine.sampling import noise_keys, uniform_noise
 from flash_dllm.engine.sequence import SequenceState
@@ -23,7 +22,7 @@ from flash_dllm.engine.settings import GenerationSettings
 from flash_dllm.engine.strategies import threshold_select, top_k
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 from flash_dllm.engine.weights import load_model
-from decoder_testing import graph_and_eager, needs_cuda, step_fields
+from decoder_testing import compare_to_reference, graph_and_eager, needs_cuda
 
 PROMPTS = ["What is 12*7?", "hello there, how are you today?", "x", "Count: one two three four five six"]
 FAMILIES = {"llada": TinySpec(family="llada"), "dream": TinySpec(family="dream", n_kv_heads=2)}
@@ -83,21 +82,7 @@ def settings(**changes) -> GenerationSettings:
 
 def compare(engine: Engine, s: GenerationSettings, prompts=PROMPTS, lag: int | None = None):
     """Generate with the device decoder and the host reference; assert the same outcome and events."""
-    if lag is not None:  # build this shape's session, then keep its host `lag` steps ahead of its reads
-        engine.generate(prompts, s)
-        engine._decode[1].lag = lag
-    device_events, reference_events = [], []
-    results = engine.generate(prompts, s, on_event=device_events.append)
-    states = engine.new_states(prompts, s)
-    run_reference(engine.model, engine.ops, s, states, emit=reference_events.append, piece=engine.tokenizer.piece)
-    assert [r.token_ids for r in results] == [st.answer_ids() for st in states]
-    assert [r.forward_passes for r in results] == [st.forward_passes for st in states]
-    assert [r.verify_passes for r in results] == [st.verify_passes for st in states]
-    assert [r.accepted_drafts for r in results] == [st.accepted_drafts for st in states]
-    assert [r.steps for r in results] == [st.steps for st in states]
-    assert [r.finish_reason for r in results] == [st.finish_reason for st in states]
-    assert step_fields(device_events) == step_fields(reference_events)
-    return results
+    return compare_to_reference(engine, s, prompts, lag)[0]
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
