@@ -3,9 +3,10 @@
 # the same held-out items (the first N of each family's fixed test set), in two one-thread processes.
 #   MODEL (assets/models/tiny-chat), N (200) items per family, N_OLD (100) items per family for the old targets at
 #   one token per step (a full forward per committed token: ~12 minutes for 100 word problems on one core), OUT
-#   (benchmarks/results), TAG (cpu) file-name part. Both processes take ~20 minutes on a 2-core machine.
+#   (benchmarks/results), TAG (cpu) file-name part. On a 2-core machine (2026-12-05) process 2 took 44 minutes and
+#   process 1's flash-cache part 26 (free-phrased lists alone 16: long wrong answers).
 # Process 1, the everyday targets: flash-cache (the page's default: the balanced preset) on the five everyday
-#   families, then llada at one token per step on everyday arithmetic and word problems.
+#   families, then llada at one token per step on everyday arithmetic, word problems and out-of-scope prompts.
 # Process 2, the old targets: llada at one token per step and one pass per block on word and multi-answer
 #   problems, then flash-cache on every old family.
 # Results: $OUT/tiny-chat-eval-$TAG-{everyday,old}*.json, logs beside them; each prints a markdown table.

@@ -103,11 +103,14 @@ def test_a_preset_keeps_a_block_models_block_length(engines, tmp_path):
     assert values["block_length"] == 32 and values["threshold"] == 0.7  # a preset's own block for other models
 
 
-def run_turn(ctx, **knobs) -> dict:
-    final = None
-    for final in h.chat(ctx, "hello", None, "", **knobs):
-        pass
+def last_outputs(turn) -> dict:
+    """The final output tuple of a streamed turn (h.chat or h.regenerate), by output name."""
+    *_, final = turn
     return dict(zip(OUTPUTS, final, strict=True))
+
+
+def run_turn(ctx, **knobs) -> dict:
+    return last_outputs(h.chat(ctx, "hello", None, "", **knobs))
 
 
 def test_a_message_with_the_pages_starting_values_decodes_a_block_model(engines, tmp_path):
@@ -132,10 +135,7 @@ def test_a_chat_or_regenerate_call_naming_no_method_uses_the_loaded_models_metho
     saved = ctx.store.get(chat_id).messages[-1]
     assert saved["meta"]["method"] == "block-diffusion"
     assert " verify)</td>" in out["stats_b"], out["stats_b"]  # B drafted and verified: block-diffusion-verify
-    final = None
-    for final in h.regenerate(ctx, chat_id, "", gen_length=64, block_length=32):
-        pass
-    assert "Done." in dict(zip(OUTPUTS, final, strict=True))["status"]
+    assert "Done." in last_outputs(h.regenerate(ctx, chat_id, "", gen_length=64, block_length=32))["status"]
     assert ctx.store.get(chat_id).messages[-1]["meta"]["method"] == "block-diffusion"
     ctx = context(engines["llada"], tmp_path / "llada")  # a bidirectional model keeps the engine's default
     run_turn(ctx, gen_length=16, block_length=16)
