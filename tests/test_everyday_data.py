@@ -187,3 +187,21 @@ def test_training_draws_the_new_operations_more_often_than_the_test_split():
                  (("train", train), ("test", test))}
     assert new_share["train"] > new_share["test"] + 0.08, new_share
     assert abs(new_share["test"] - 0.5) < 0.08  # the test split weighs the four operations alike
+
+
+def test_everyday_questions_are_trained_as_follow_ups_too_and_tested_alone():
+    """An out-of-scope question after a sum must still get the declining reply: training puts a share of the
+    everyday conversations after an earlier exchange; the held-out items stay single-turn."""
+    rng = random.Random(9)
+    samples = [data.sample(rng, "train", "out_of_scope") for _ in range(600)]
+    follow_ups = [e for e in samples if sum(m["role"] == "user" for m in e.messages) == 2]
+    assert 0.1 < len(follow_ups) / len(samples) < 0.3
+    for example in follow_ups:
+        roles = [m["role"] for m in example.messages if m["role"] != "system"]
+        assert roles == ["user", "assistant", "user"]
+        assert example.response == tasks_scope.OUT_OF_SCOPE_REPLY
+        assert example.messages[-1]["content"] not in {m["content"] for m in example.messages[:-1]}
+    earlier = {e.messages[-3]["content"] for e in follow_ups}
+    assert any(any(ch.isdigit() for ch in text) for text in earlier)  # sums come before declined questions
+    for family in data.EVERYDAY_FAMILIES:
+        assert all(sum(m["role"] == "user" for m in e.messages) == 1 for e in data.test_set(family, 50))

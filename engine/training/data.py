@@ -22,7 +22,7 @@ import random
 
 from . import (tasks_arith, tasks_chat, tasks_everyday, tasks_everyday_lists, tasks_everyday_word, tasks_lists,
                tasks_multi, tasks_scope, tasks_word)
-from .tasks_base import Example, Generator
+from .tasks_base import Example, Generator, assistant
 
 GENERATORS: dict[str, Generator] = {}
 CHECKERS = {}
@@ -47,6 +47,11 @@ TRAIN_MIX = {"word": 0.30, "arith": 0.02, "lists": 0.04, "multi": 0.18, "multitu
 SYSTEM_PROMPTS = ["You are a helpful assistant.", "You are Flash Tiny, a small diffusion language model.",
                   "Answer briefly and show your steps.", "You are a friendly math tutor."]
 SYSTEM_RATE = 0.1  # share of conversations that open with a system message (the template supports it)
+# Training only: a share of the everyday conversations come as the second turn of a chat, after an exchange
+# of another family, so the model answers the last question whatever came before (an out-of-scope question
+# asked after a sum must still get the out-of-scope reply, not more arithmetic). Test items stay single-turn.
+FOLLOW_UP_RATE = 0.2
+EARLIER_TURN_FAMILIES = ("everyday", "everyday_chat", "everyday_lists", "out_of_scope", "arith", "chat", "lists")
 TEST_SEED = 20261202
 
 
@@ -68,6 +73,9 @@ def parse_mix(spec: str) -> dict[str, float]:
 def sample(rng: random.Random, split: str = "train", family: str | None = None) -> Example:
     family = family or rng.choices(list(TRAIN_MIX), list(TRAIN_MIX.values()))[0]
     example = GENERATORS[family](rng, split)
+    if split == "train" and family in EVERYDAY_FAMILIES and rng.random() < FOLLOW_UP_RATE:
+        earlier = GENERATORS[rng.choice(EARLIER_TURN_FAMILIES)](rng, split)
+        example.messages[:0] = [*earlier.messages, assistant(earlier.response)]
     if rng.random() < SYSTEM_RATE:
         example.messages.insert(0, {"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
     return example
