@@ -83,8 +83,10 @@ def predict(logits: torch.Tensor, temperature: torch.Tensor | None = None, keys:
     if given_tokens is not None:
         given = probs.gather(-1, given_tokens.long().clamp(0, logits.shape[-1] - 1)[:, None])[:, 0]
     if mask_id is not None:
-        fallback = torch.argmax(scores.index_fill(-1, torch.tensor([mask_id], device=logits.device),
-                                                  float("-inf")), dim=-1)
+        # a Python index, not an index tensor: building one would copy from the host inside a CUDA graph capture
+        without_mask = scores.clone()
+        without_mask[:, mask_id] = float("-inf")
+        fallback = torch.argmax(without_mask, dim=-1)
         fallback_conf = ranked.gather(-1, fallback[:, None])[:, 0]
     return Predictions(tokens=tokens, confidences=conf, probs_of_given=given, fallback_tokens=fallback,
                        fallback_confidences=fallback_conf)
