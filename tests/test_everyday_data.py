@@ -60,6 +60,10 @@ def test_everyday_test_items_are_held_out_by_numbers_and_by_template():
         example = data.sample(rng, "train", "everyday")
         assert not tasks_everyday.is_held_out_pair(example.kind, example.meta["a"], example.meta["b"])
         frame = example.meta["frame"]
+        if frame[0] == "worded-train":  # a training-only sentence: never one of the held-out ones
+            held = {t for i, (_, t) in enumerate(tasks_everyday.WORDED) if tasks_everyday.worded_held_out(i)}
+            assert tasks_everyday.TRAIN_ONLY_WORDED[frame[1]][1] not in held
+            continue
         assert not (tasks_everyday.worded_held_out(frame[1]) if frame[0] == "worded"
                     else tasks_everyday.template_held_out(*frame))
 
@@ -205,3 +209,23 @@ def test_everyday_questions_are_trained_as_follow_ups_too_and_tested_alone():
     assert any(any(ch.isdigit() for ch in text) for text in earlier)  # sums come before declined questions
     for family in data.EVERYDAY_FAMILIES:
         assert all(sum(m["role"] == "user" for m in e.messages) == 1 for e in data.test_set(family, 50))
+
+
+def test_training_only_sentences_say_the_operation_and_keep_the_reply_format():
+    """The training-only sentences are drawn in training alone, and their replies are the usual ``a op b = r.``
+    with the operands in the order the sentence means (``Remove 4 from 10`` -> ``10 - 4 = 6.``)."""
+    rng = random.Random(10)
+    seen = set()
+    for _ in range(6000):
+        example = data.sample(rng, "train", "everyday")
+        frame = example.meta["frame"]
+        if frame[0] != "worded-train":
+            continue
+        seen.add(frame[1])
+        a, b = example.meta["a"], example.meta["b"]
+        assert example.response == f"{a} {tasks_everyday.SYMBOL[example.kind]} {b} = {example.meta['answer']}."
+        op, sentence = tasks_everyday.TRAIN_ONLY_WORDED[frame[1]]
+        assert op == example.kind and example.messages[-1]["content"].lower().startswith(
+            sentence.format(a=a, b=b).lower().rstrip("?")[:4])
+    assert seen == set(range(len(tasks_everyday.TRAIN_ONLY_WORDED)))
+    assert all(e.meta["frame"][0] != "worded-train" for e in data.test_set("everyday", 300))

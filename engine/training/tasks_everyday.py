@@ -49,12 +49,25 @@ WORDED = [
     ("mul", "Multiply {a} by {b}"), ("mul", "What is the product of {a} and {b}?"), ("mul", "Multiply {a} and {b}"),
     ("div", "Divide {a} by {b}"), ("div", "What is the quotient of {a} and {b}?"), ("div", "Please divide {a} by {b}"),
 ]
+# Training only: more sentences that name the operation, so that the order of the reply's operands is read from
+# the sentence's words ("from", "by", "into" put the second number first) rather than from where the numbers
+# stand. None is a held-out sentence of WORDED; they are the phrasings people also type.
+TRAIN_ONLY_WORDED = [
+    ("add", "Increase {a} by {b}"), ("add", "Sum {a} and {b}"), ("add", "Put {a} and {b} together"),
+    ("add", "What is {a} and {b} added together?"),
+    ("sub", "Take away {b} from {a}"), ("sub", "Remove {b} from {a}"), ("sub", "Deduct {b} from {a}"),
+    ("sub", "Decrease {a} by {b}"), ("sub", "Minus {b} from {a}"), ("sub", "What is left if you take {b} from {a}?"),
+    ("mul", "Times {a} by {b}"), ("mul", "Multiply {a} with {b}"), ("mul", "What is {a} lots of {b}?"),
+    ("div", "Split {a} into {b} equal parts"), ("div", "How many times does {b} go into {a}?"),
+    ("div", "Share {a} between {b}"),
+]
 SYMBOL = {"add": "+", "sub": "-", "mul": "×", "div": "÷"}
 OP_WEIGHTS = {"add": 1.0, "sub": 1.0, "mul": 1.0, "div": 1.0}  # the test split: all four alike
 # Training only: the bundled model already adds and subtracts up to three digits (the old arith family);
 # multiplying beyond the times table and dividing are new to it, so training draws them more often.
 TRAIN_OP_WEIGHTS = {"add": 0.6, "sub": 0.8, "mul": 1.3, "div": 1.7}
 WORDED_SHARE = 0.15
+TRAIN_WORDED_SHARE = 0.3  # training sees sentences twice as often: each is rarer than a symbol form
 SQUARE_PERIOD = 5
 
 
@@ -120,7 +133,12 @@ def everyday_arithmetic(rng: random.Random, split: str) -> Example:
         a, b = operands(rng, op)
         if not in_split(split, *number_key(op, a, b)):
             return None
-        if rng.random() < WORDED_SHARE:
+        if not test and rng.random() < TRAIN_WORDED_SHARE:
+            sentences = [("worded", i, t) for i, (o, t) in enumerate(WORDED) if o == op and not worded_held_out(i)]
+            sentences += [("worded-train", i, t) for i, (o, t) in enumerate(TRAIN_ONLY_WORDED) if o == op]
+            kind, index, sentence = rng.choice(sentences)
+            text, frame = sentence.format(a=a, b=b), (kind, index)
+        elif test and rng.random() < WORDED_SHARE:
             choices = [i for i, (o, _) in enumerate(WORDED) if o == op]
             index = rng.choice(choices)
             if worded_held_out(index) != test:
