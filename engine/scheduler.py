@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flash_dllm.engine.events import CanvasStart
 from flash_dllm.engine.requests import Request, RequestInfo
 from flash_dllm.engine.sequence import MASK
 from flash_dllm.engine.settings import BLOCK_METHODS, SettingsError, model_refusal
@@ -112,12 +113,19 @@ class Scheduler:
                                 self.engine.model.config.block_size)
         if refusal:  # before it is queued: a method that cannot decode this model never waits
             raise SettingsError(refusal)
+        self.announce(request)
         with self.wake:
             self.pending.append(request)
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._serve, name="flash-dllm-scheduler", daemon=True)
                 self.thread.start()
             self.wake.notify()
+
+    def announce(self, request: Request) -> None:
+        """The request's canvas, all masked, as soon as it is queued: a request admitted a few (prefill-heavy)
+        steps later, or one that waits for the running batch, shows its canvas at once."""
+        s, piece = request.settings, self.engine.tokenizer.piece
+        request.emit(CanvasStart(0, s.gen_length, s.block_length, [piece(t) for t in request.ids[-24:]], s.method))
 
     def infos(self) -> list[RequestInfo]:
         with self.wake:

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from flash_dllm.engine.events import CanvasStart, SequenceDone
+from flash_dllm.engine.events import SequenceDone
 from flash_dllm.engine.metrics import tokens_per_forward, tokens_per_second
 from flash_dllm.engine.packing import Layout, groups_for
 from flash_dllm.engine.scheduler import Occupant, initial_row
@@ -48,9 +48,7 @@ class BatchRun:
         with stream:
             while True:
                 self._retire_cancelled()
-                admitted = self.scheduler.admit(self.step_index)
-                for slot in admitted:
-                    self._announce(slot)
+                admitted = self.scheduler.admit(self.step_index)  # their canvases were announced when queued
                 if not self.scheduler.occupants:
                     self._refuse_what_cannot_fit()
                     break
@@ -83,12 +81,6 @@ class BatchRun:
         return groups_for(budgets, MAX_ROWS, slots)
 
     # ---- requests ----------------------------------------------------------------------------------------
-    def _announce(self, slot: int) -> None:
-        occupant = self.scheduler.occupants[slot]
-        s, piece = occupant.request.settings, self.scheduler.engine.tokenizer.piece
-        tail = [piece(t) for t in occupant.ids[-24:]]
-        occupant.request.emit(CanvasStart(0, s.gen_length, s.block_length, tail, s.method))
-
     def _retire_cancelled(self) -> None:
         for slot, occupant in self.scheduler.occupants.items():
             if occupant.request.cancelled and not occupant.retired:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from flash_dllm.engine import Engine, GenerationSettings, StepEvent
+from flash_dllm.engine import CanvasStart, Engine, GenerationSettings, StepEvent
 from flash_dllm.engine import scheduler as scheduler_module
 from flash_dllm.engine.scheduler import RowPool
 
@@ -98,6 +98,22 @@ def test_a_burst_of_requests_is_admitted_into_one_step_within_the_prefill_budget
         time.sleep(0.05)
     [r.result(60) for r in requests]
     assert admitted == [1, 1, 1]
+
+
+def test_a_queued_request_shows_its_canvas_before_it_is_admitted(engine):
+    """The first canvas frame does not wait for a slot or for the prefill steps of a burst: it is sent when the
+    request is queued, once, and the request's steps follow it."""
+    s = settings()
+    events = []
+    with engine._lock:  # the loop cannot admit anything yet
+        request = engine.submit(PROMPTS[8], s, on_event=events.append)
+        time.sleep(0.05)
+        assert [type(e) for e in events] == [CanvasStart]
+        assert (events[0].gen_length, events[0].block_length, events[0].method) == (32, 8, "flash-cache")
+        assert "lengths" in "".join(events[0].prompt_tail)  # the tail of the templated prompt
+    result = request.result(60)
+    assert sum(isinstance(e, CanvasStart) for e in events) == 1 and isinstance(events[0], CanvasStart)
+    assert step_rows(events) == solo(engine, PROMPTS[8], s)[1] and result.token_ids
 
 
 def test_a_cancelled_request_stops_and_the_others_are_untouched(engine):
