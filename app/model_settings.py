@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from flash_dllm.app.presets import KNOB_RANGES, default_knobs
+from flash_dllm.app.presets import DEFAULT_PRESET, KNOB_RANGES, default_knobs, preset_values
 from flash_dllm.engine import METHODS, GenerationSettings, SettingsError, validate
 # The one name past the engine's public surface (tests/test_engine_facade.py flags it): the engine package must
 # export defaults_for (engine/__init__.py _EXPORTS), then this line imports it from flash_dllm.engine.
@@ -39,6 +39,15 @@ class ModelSettings:
     source: str  # where the starting values come from
     published: tuple[str, ...] = ()  # the FAMILY_KNOBS the published defaults set (the rest: the engine's)
     capped_at: int | None = None  # the model's context, when the published answer length was shortened to fit
+
+    @property
+    def preset(self) -> str | None:
+        """The preset the page shows selected: the default one while the starting values agree with it, none when
+        the published defaults differ (Dream's one-block answers, LLaDA2's threshold), so the radio never claims a
+        preset the knobs do not hold."""
+        balanced = preset_values(DEFAULT_PRESET, self.knobs["gen_length"])
+        same = all(self.knobs[k] == balanced[k] for k in FAMILY_KNOBS if k in balanced)
+        return DEFAULT_PRESET if same else None
 
     def note(self) -> str:
         """One line under the method: where the starting values come from, and why some methods are absent."""
@@ -126,7 +135,7 @@ def knob_update(name: str, value, block_size: int | None) -> dict:
 # ---------------------------------------------------------------------------- the page
 # Components `follow_model` updates, in order (app/ui.py wires them; "knob:NAME" is the raw knob NAME's slider).
 FOLLOW_OUTPUTS = ("settings_for", "method", "method_info", "method_b", *(f"knob:{k}" for k in FAMILY_KNOBS),
-                  "model_defaults")
+                  "model_defaults", "preset")
 
 
 def page_settings(engine) -> ModelSettings | None:
@@ -147,7 +156,7 @@ def follow_model(ctx, shown_for):
     knobs = [gr.update(**knob_update(k, settings.knobs[k], settings.block_size)) for k in FAMILY_KNOBS]
     return (settings.model, gr.update(choices=list(settings.methods), value=settings.method),
             METHODS[settings.method], gr.update(choices=list(settings.methods), value=settings.method_b),
-            *knobs, settings.note())
+            *knobs, settings.note(), gr.update(value=settings.preset))
 
 
 def fixed_block_length(engine) -> int | None:

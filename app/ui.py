@@ -93,7 +93,8 @@ def chat_column(ctx: AppContext, page: SimpleNamespace) -> None:
             page.method = gr.Radio(methods, value=method, label="Method")
             page.method_info = gr.Markdown(METHODS[method])
             page.model_defaults = gr.HTML(model.note() if model else "", elem_id="model-defaults-box")
-            page.preset = gr.Radio(list(PRESETS), value=DEFAULT_PRESET, label="Preset")
+            page.preset = gr.Radio(list(PRESETS), value=model.preset if model else DEFAULT_PRESET, label="Preset",
+                                   info="none selected: the model's published defaults")
             page.system = gr.Textbox("", label="System prompt", lines=2, placeholder="(optional)")
             with gr.Row():
                 page.side = gr.Checkbox(label="Side by side", value=False)

@@ -75,6 +75,7 @@ def test_starting_values_are_the_published_defaults_with_their_source(engines):
     llada = settings_for(engines["llada"].model.config, "GSAI-ML/LLaDA-8B-Instruct")
     assert llada.knobs == {"gen_length": 128, "block_length": 32, "steps": 0, "threshold": 0.9, "temperature": 0.0}
     assert llada.method_b == "llada" and llada.capped_at is None
+    assert llada.preset == "balanced" and coder.preset is None and mini.preset is None  # Dream: one block
 
 
 def test_the_page_follows_a_model_change_once_and_keeps_its_own_edits_otherwise(engines, tmp_path):
@@ -87,12 +88,14 @@ def test_the_page_follows_a_model_change_once_and_keeps_its_own_edits_otherwise(
     assert block["value"] == 32 and block["interactive"] is False and "block size" in block["info"]
     assert out["knob:gen_length"]["step"] == 32 and out["knob:gen_length"]["minimum"] == 32
     assert out["knob:threshold"]["value"] == 0.95 and "model-defaults" in out["model_defaults"]
+    assert out["preset"]["value"] is None  # LLaDA2's published threshold is no preset's: none is shown selected
     assert all(isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1
                for v in follow_model(ctx, engines["llada2"].name))  # the same model: every output skipped
     ctx.host.engine, ctx.host.name = engines["llada"], engines["llada"].name  # another page switched the model
     out = followed(ctx, engines["llada2"].name)
     assert out["method"]["choices"] == list(NON_BLOCK) and out["method"]["value"] == "flash-cache"
     assert out["knob:block_length"]["interactive"] is True and out["knob:gen_length"]["step"] == 8
+    assert out["preset"]["value"] == "balanced"  # LLaDA's published defaults are the balanced preset's
     assert [name.removeprefix("knob:") for name in FOLLOW_OUTPUTS if name.startswith("knob:")] == list(FAMILY_KNOBS)
 
 
