@@ -205,14 +205,17 @@ def resolve_model(name_or_path: str, progress: Progress | None = None) -> Path:
     path = Path(text).expanduser()
     if path.is_dir():
         return path.resolve()
-    for folder in _bundled_folders():
-        if text == folder.name:
+    bundled = _bundled_folders()
+    for folder in bundled:
+        if text == folder.name or (text == "bundled" and folder == bundled[0]):  # "bundled": the default one
             return folder
     if REPO_ID.match(text):
         return pull(text, progress)
     if path.exists():
         raise HubError(f"{text} is a file; give the model's folder (with config.json and *.safetensors)")
-    raise HubError(f"{text}: no such folder, and not a Hugging Face repo id (org/name)")
+    names = ", ".join(["bundled", *(f.name for f in bundled)]) if bundled else ""
+    raise HubError(f"{text}: no such folder, and not a Hugging Face repo id (org/name)"
+                   + (f" or a bundled model ({names})" if names else ""))
 
 
 def _sibling_sizes(info) -> dict[str, int]:

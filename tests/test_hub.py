@@ -161,6 +161,11 @@ def test_resolve_model_local_inputs(tiny_llada, tmp_path):
         resolve_model(str(tiny_llada / "config.json"))
     with pytest.raises(HubError, match="no model given"):
         resolve_model("  ")
+    bundled = hub.bundled_model_path()
+    if bundled is not None:  # what a user types for the small model: "bundled" or its folder's name
+        assert resolve_model("bundled") == bundled and resolve_model(bundled.name) == bundled
+        with pytest.raises(HubError, match=f"or a bundled model \\(bundled, {bundled.name}"):
+            resolve_model("tiny-chatt")
 
 
 def test_fit_check_on_cpu():
