@@ -206,8 +206,10 @@ def resolve_model(name_or_path: str, progress: Progress | None = None) -> Path:
     if path.is_dir():
         return path.resolve()
     bundled = _bundled_folders()
+    if text == "bundled" and bundled:  # the default bundled model, as bundled_model_path() names it
+        return bundled[0]
     for folder in bundled:
-        if text == folder.name or (text == "bundled" and folder == bundled[0]):  # "bundled": the default one
+        if text == folder.name:
             return folder
     if REPO_ID.match(text):
         return pull(text, progress)
