@@ -225,7 +225,7 @@ def test_training_only_sentences_say_the_operation_and_keep_the_reply_format():
         a, b = example.meta["a"], example.meta["b"]
         assert example.response == f"{a} {tasks_everyday.SYMBOL[example.kind]} {b} = {example.meta['answer']}."
         op, sentence = tasks_everyday.TRAIN_ONLY_WORDED[frame[1]]
-        assert op == example.kind and example.messages[-1]["content"].lower().startswith(
-            sentence.format(a=a, b=b).lower().rstrip("?")[:4])
+        typed = example.messages[-1]["content"].strip().lower().rstrip("?").rstrip()
+        assert op == example.kind and typed == sentence.format(a=a, b=b).lower().rstrip("?")
     assert seen == set(range(len(tasks_everyday.TRAIN_ONLY_WORDED)))
     assert all(e.meta["frame"][0] != "worded-train" for e in data.test_set("everyday", 300))
