@@ -20,7 +20,7 @@ import torch
 import triton
 
 from . import interpreting
-from ._scheduled_attention_triton import (COMBINE_ROWS, LOG2E, _attention_combine_kernel,
+from ._scheduled_attention_triton import (COMBINE_ROWS, LOG2E, MASS_KEYS, _attention_combine_kernel,
                                          _attention_split_kernel)
 
 WAVES = 2  # the split count aims at about this many programs per SM
@@ -121,8 +121,7 @@ class TritonScheduledAttention:
                 plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len,
                 keep, score_query, scores, *workspace,
                 q.stride(0), k_cache.stride(0), out.stride(0),
-                plan.block_m, self.group, bucket.n_splits, bucket.n_parts, q.shape[0], self.qk_scale_log2,
-                **bucket.combine_meta,
+                plan.block_m, self.group, q.shape[0], self.qk_scale_log2, **bucket.combine_meta,
             )
         return out
 
@@ -148,9 +147,11 @@ class TritonScheduledAttention:
         if one_pass:
             return Bucket(1, 1, (key.n_tiles, self.n_heads, 1), None, None, None, None, split_meta, combine_meta)
         n_parts = n_splits + key.has_inq
+        combine_meta["N_PARTS"] = n_parts
         acc_ws, m_ws, l_ws = self._workspace(key.device, n_parts * key.n_rows * self.n_heads)
         row_chunks = common["BLOCK_M"] // COMBINE_ROWS.value
-        combine_grid = (key.n_tiles, self.n_heads, max(row_chunks, n_splits if key.has_score else 1))
+        mass_chunks = triton.cdiv(key.max_kv_len, MASS_KEYS.value) if key.has_score else 1
+        combine_grid = (key.n_tiles, self.n_heads, max(row_chunks, mass_chunks))
         return Bucket(n_splits, n_parts, (key.n_tiles, self.n_heads, n_parts), combine_grid, acc_ws, m_ws, l_ws,
                       split_meta, combine_meta)
 

@@ -10,13 +10,17 @@ Two launches when the keys are split (flash-decoding style), one when they are n
   part n_splits its in-query keys (Flash-Verify). It writes the unnormalised partial (acc, row max, row sum)
   to a workspace. With ONE_PASS (a single split) one program walks all keys, then in-query keys, and writes
   the normalised output itself, so no workspace and no second launch.
-* `_attention_combine_kernel`, grid (query tiles, query heads, max(BLOCK_M / 16, n_splits if attention mass)):
-  program z merges the parts of 16 of the tile's rows into their final (row max, row sum) and normalised output.
+* `_attention_combine_kernel`, grid (query tiles, query heads, max(BLOCK_M / 16, key chunks if attention
+  mass)): program z merges the parts of 16 of the tile's rows into their final (row max, row sum) and
+  normalised output. The number of parts is a compile-time constant (fixed per schedule bucket), so the loops
+  over parts unroll and their loads are issued together instead of one dependent round trip per part: at
+  batch 1 the combine is a chain of memory latencies, not a bandwidth problem.
 
-Attention mass needs each query's final row max and sum. Every combine program (or the one-pass program)
-recomputes, for its own key range, the logits of the tile's score_query rows only, gathered 16 at a time, and
-atomically adds their probabilities into score_out (float atomics: the summation order, hence the low bits,
-varies from run to run on a GPU).
+Attention mass needs each query's final row max and sum. Every combine program z (or the one-pass program)
+recomputes, for key chunk z (MASS_KEYS keys; the one-pass program: all keys), the logits of the tile's
+score_query rows only, gathered 16 at a time, and atomically adds their probabilities into score_out (float
+atomics: the summation order, hence the low bits, varies from run to run on a GPU). Chunks of a fixed size,
+not the key splits, so that no program walks a long run of key blocks after the split kernel did.
 
 Sequence lengths, tile counts and key counts are runtime values, so one compiled variant serves every step;
 only the tile height, the head dim, which optional inputs are present and ONE_PASS select a variant.
@@ -33,6 +37,7 @@ LOG2E = 1.4426950408889634
 KEY_GRANULE = tl.constexpr(64)
 SCORE_ROWS = tl.constexpr(16)  # score rows recomputed together (tl.dot needs at least 16 rows)
 COMBINE_ROWS = tl.constexpr(16)  # output rows one combine program merges ([16, Dh] fp32 fits in registers)
+MASS_KEYS = tl.constexpr(128)  # cache keys one combine program scores (a multiple of every combine BLOCK_N)
 
 # (BLOCK_N, num_warps, num_stages) candidates: 4 warps (one warpgroup) for tiles under 128 rows, 8 above.
 _CUDA_CANDIDATES = {4: [(32, 4, 3), (64, 4, 3), (128, 4, 2)], 8: [(64, 8, 3), (128, 8, 3), (64, 8, 2)]}
@@ -49,7 +54,7 @@ def _combine_configs() -> list:
     """The combine works on 16 rows at a time (output chunks, score rows), whatever the tile height."""
     if interpreting():
         return [triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_N": n}, num_warps=4, num_stages=s) for n, s in ((32, 2), (64, 2), (64, 3), (128, 2))]
+    return [triton.Config({"BLOCK_N": n}, num_warps=4, num_stages=s) for n, s in ((32, 2), (64, 2), (128, 1), (128, 2))]
 
 
 def _prune_configs(configs, named_args, **kwargs):
@@ -132,21 +137,22 @@ def _attention_split_kernel(
         tl.store(acc_ws_ptr + ws_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.autotune(configs=_combine_configs(), key=["BLOCK_M", "HEAD_DIM", "HAS_KEEP", "HAS_SCORE"],
+@triton.autotune(configs=_combine_configs(), key=["BLOCK_M", "HEAD_DIM", "HAS_KEEP", "HAS_SCORE", "N_PARTS"],
                  restore_value=["score_out_ptr"])
-@triton.jit(do_not_specialize=["tile_rows", "group", "n_splits", "n_parts", "n_rows"])
+@triton.jit(do_not_specialize=["tile_rows", "group", "n_rows"])
 def _attention_combine_kernel(
     q_ptr, k_ptr, out_ptr,
     tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr, kv_start_ptr, kv_len_ptr,
     kv_keep_ptr, score_query_ptr, score_out_ptr,
     acc_ws_ptr, m_ws_ptr, l_ws_ptr,
     stride_q, stride_k, stride_out,
-    tile_rows, group, n_splits, n_parts, n_rows, qk_scale_log2,
+    tile_rows, group, n_rows, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_KEEP: tl.constexpr, HAS_SCORE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    N_PARTS: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_SCORE: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Program z merges output rows [16z, 16z + 16) of its tile (while z < BLOCK_M / 16) and, with attention
-    mass, recomputes the tile's score rows over key split z (while z < n_splits)."""
+    mass, recomputes the tile's score rows over cache keys [z * MASS_KEYS, (z + 1) * MASS_KEYS)."""
     tile = tl.program_id(0)
     head = tl.program_id(1)
     z = tl.program_id(2)
@@ -159,10 +165,10 @@ def _attention_combine_kernel(
     if z < BLOCK_M // COMBINE_ROWS:
         rows, row_ok = _tile_slice(q0, q_end, tile_rows, z * COMBINE_ROWS, COMBINE_ROWS)
         ws_row = rows.to(tl.int64) * tl.num_programs(1) + head
-        m_f, l_f = _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, n_parts, COMBINE_ROWS)
+        m_f, l_f = _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, N_PARTS, COMBINE_ROWS)
         m_ref = tl.where(m_f == float("-inf"), 0.0, m_f)
         acc = tl.zeros([COMBINE_ROWS, BLOCK_D], dtype=tl.float32)
-        for p in range(n_parts):
+        for p in tl.static_range(N_PARTS):
             m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"))
             acc_ptrs = acc_ws_ptr + (p * part_stride + ws_row)[:, None] * HEAD_DIM + offs_d[None, :]
             acc_p = tl.load(acc_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
@@ -172,12 +178,14 @@ def _attention_combine_kernel(
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
     if HAS_SCORE:
-        if z < n_splits:
+        lo = z * MASS_KEYS
+        if lo < kv_len:
+            hi = tl.minimum(lo + MASS_KEYS, kv_len)
             offs_m, row_ok = _tile_slice(q0, q_end, tile_rows, 0, BLOCK_M)
-            ws_row = offs_m.to(tl.int64) * tl.num_programs(1) + head
-            m_f, l_f = _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, n_parts, BLOCK_M)
             scored = tl.load(score_query_ptr + offs_m, mask=row_ok, other=0) != 0
-            lo, hi = _split_range(z, n_splits, kv_len, KEY_GRANULE)
+            ws_row = offs_m.to(tl.int64) * tl.num_programs(1) + head
+            m_f, l_f = _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok & scored, part_stride, N_PARTS,
+                                         BLOCK_M)
             _add_attention_mass(q_ptr, k_ptr, kv_keep_ptr, score_out_ptr, stride_q, stride_k, head * HEAD_DIM,
                                 (head // group) * HEAD_DIM, offs_m, scored, m_f, l_f, kv_start, lo, hi,
                                 qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_KEEP, UPCAST, DOT_PRECISION)
@@ -201,11 +209,12 @@ def _tile_slice(q0, q_end, tile_rows, first, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, n_parts, BLOCK: tl.constexpr):
-    """Final (row max, row sum) of each row over every part, the in-query part included."""
+def _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, N_PARTS: tl.constexpr, BLOCK: tl.constexpr):
+    """Final (row max, row sum) of each row over every part, the in-query part included (rows not row_ok:
+    (-inf, 0)). Unrolled: every part's loads go out at once."""
     m_f = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
     l_f = tl.zeros([BLOCK], dtype=tl.float32)
-    for p in range(n_parts):
+    for p in tl.static_range(N_PARTS):
         m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"))
         l_p = tl.load(l_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=0.0)
         m_new = tl.maximum(m_f, m_p)

@@ -25,8 +25,9 @@ Two plan layouts:
     past its q_len are padding (never read as queries, never written: their output is unspecified). The
     q_len / kv_start / kv_len tensors are the caller's and may be rewritten in place between graph replays.
 The kernel reads only plan tensors (never host values), so one captured launch serves every step of a
-bucket. `max_kv_len` is a static upper bound on every kv_len of the plan, used only to choose how many
-ways to split keys (the split ranges are cut from each runtime kv_len, so results never depend on it).
+bucket. `max_kv_len` is a static upper bound on every kv_len of the plan: it chooses how many ways to split
+keys (the split ranges are cut from each runtime kv_len, so results never depend on it) and, with attention
+mass, how many key chunks the combine scores (keys past it would get no mass: keep the bound true).
 
 Bind once: `ScheduledAttention(backend, n_heads, n_kv_heads, head_dim)` resolves the backend at
 construction; its Triton path splits each sequence's keys over several programs when the query tiles alone
@@ -58,7 +59,7 @@ class AttentionPlan:
     tile_seq: torch.Tensor  # [T] sequence of each query tile
     tile_q0: torch.Tensor  # [T] first packed query row of each tile
     block_m: int
-    max_kv_len: int  # static upper bound on every kv_len (sizes the key split only)
+    max_kv_len: int  # static upper bound on every kv_len (sizes the key split and the mass chunks)
     host_q_len: list[int] | None = None
     host_kv_len: list[int] | None = None
     host_q_start: list[int] | None = None
