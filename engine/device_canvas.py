@@ -14,9 +14,11 @@ cell of the slot is left to decode.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from flash_dllm.kernels.canvas_commit import CanvasCommit
 
 NOT_NEW = 1 << 40  # newly_rank of a cell not committed by the previous step
 UNLIMITED = 1 << 40  # max_steps of a method that decodes until no cell is masked
@@ -46,6 +48,17 @@ class DeviceCanvas:
     max_steps: torch.Tensor  # [S] int64 steps of a fixed-schedule method (UNLIMITED otherwise)
     mask_id: int
     eos_id: int
+    commit_kernel: CanvasCommit = field(default_factory=lambda: CanvasCommit("torch"))
+    columns: torch.Tensor | None = None  # [1, G] 0 .. G - 1, made once (an arange per use is a kernel each)
+
+    def __post_init__(self):
+        if self.columns is None:
+            self.columns = torch.arange(self.answer.shape[1], device=self.answer.device)[None, :]
+
+    def use_kernels(self, backend: str) -> None:
+        """Commit with the Triton kernel ("triton") or the tensor-operation reference ("torch")."""
+        if backend != self.commit_kernel.backend:
+            self.commit_kernel = CanvasCommit(backend)
 
     @classmethod
     def allocate(cls, n_slots: int, slot_len: int, width: int, mask_id: int, eos_id: int, end_ids,
@@ -121,7 +134,7 @@ class DeviceCanvas:
         return self.tokens.shape[1] - 1
 
     def cells(self) -> torch.Tensor:
-        return torch.arange(self.width, device=self.answer.device)[None, :]
+        return self.columns
 
     def limit(self) -> torch.Tensor:
         """[S] cells at or past this index are padding or outside the answer."""
@@ -140,54 +153,22 @@ class DeviceCanvas:
         self.newly_rank.fill_(NOT_NEW)
 
     def commit(self, cells: torch.Tensor, tokens: torch.Tensor, confidences: torch.Tensor, chosen: torch.Tensor,
-               rank_base: torch.Tensor | int = 0) -> torch.Tensor:
+               rank_base: torch.Tensor | None = None) -> torch.Tensor:
         """Commit tokens[s, j] into cells[s, j] where chosen[s, j] (cells -1 = no cell), in list order j.
 
         Like the reference's loop: a cell that is not masked or lies past the answer's end (stop rule) is
         skipped, and so is a [MASK] token; the first end token ends the answer (an earlier end cell wins) and,
         under the stop rule, every cell after it becomes padding. Returns [S] how many cells each row
-        committed (the next commit's rank_base, so newly_rank keeps commit order).
+        committed (the next commit's rank_base, so newly_rank keeps commit order). One kernel on the GPU
+        (kernels/canvas_commit.py holds the contract and the tensor-operation reference).
         """
-        width = self.width
-        if cells.shape[1] == 0:
-            return torch.zeros_like(self.end)
-        ok = chosen & (cells >= 0) & self.active[:, None] & (tokens != self.mask_id)
-        at = cells.clamp(0, width - 1)
-        ok &= self.masked().gather(1, at)
-        is_end = (tokens[..., None] == self.end_ids).any(-1) & ok
-        first_end = torch.where(is_end, at, width).amin(1)
-        old_end = self.end.clone()
-        self.end.copy_(torch.minimum(self.end, first_end))  # in place: a replayed graph reads these buffers
-        ok &= (at <= self.end[:, None]) | self.official_end[:, None]
-        dump = torch.full_like(at, width)  # column `width` of a widened copy: writes that must not land
-        target = torch.where(ok, at, dump)
-        base = rank_base[:, None] if isinstance(rank_base, torch.Tensor) else rank_base  # no host copy in a graph
-        order = torch.cumsum(ok.long(), 1) - 1 + base
-        _scatter_cols(self.answer, target, tokens)
-        _scatter_cols(self.confidence, target, confidences)
-        _scatter_cols(self.newly_rank, target, order)
-        pads = (self.end < old_end) & ~self.official_end
-        past_end = (self.cells() > self.end[:, None]) & (self.cells() < self.gen_len[:, None]) & pads[:, None]
-        self.answer.masked_fill_(past_end, self.eos_id)
-        self.newly_rank.masked_fill_((self.cells() > self.end[:, None]) & ~self.official_end[:, None], NOT_NEW)
-        self._write_tokens()
-        return ok.sum(1)
-
-    def _write_tokens(self) -> None:
-        """Model input ids of the answer region from `answer` (mask id while masked)."""
-        values = torch.where(self.answer < 0, self.mask_id, self.answer)
-        positions = self.prompt_len[:, None] + self.cells()
-        positions = torch.where(self.cells() < self.gen_len[:, None], positions, self.slot_len)
-        self.tokens.scatter_(1, positions, values)
+        return self.commit_kernel(
+            self.answer, self.confidence, self.newly_rank, self.end, self.tokens, cells, tokens,
+            confidences, chosen, rank_base, self.active, self.official_end, self.gen_len, self.prompt_len,
+            self.steps, self.max_steps, self.end_ids, mask_id=self.mask_id, eos_id=self.eos_id, not_new=NOT_NEW)
 
     def finish_step(self) -> None:
         """Count the step for the sequences that took part and retire the ones with nothing left to decode."""
         self.steps += self.active.long()
         self.active &= self.masked().any(1)
 
-
-def _scatter_cols(base: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
-    """In place: base[s, index[s, j]] = values[s, j]; index == base.shape[1] drops the write."""
-    wide = torch.cat([base, base[:, :1]], dim=1)
-    wide.scatter_(1, index, values.to(base.dtype))
-    base.copy_(wide[:, :-1])

@@ -4,6 +4,7 @@ Dream tiny models, batches of different prompt lengths, answers that end mid-win
 the pipelined loop that reads records late."""
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -120,19 +121,23 @@ def test_prompt_alone_samples_what_it_samples_first_in_a_batch(engine):
     assert alone.token_ids == batch.token_ids
 
 
-def test_device_commit_matches_the_host_commit_on_random_lists():
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="the commit kernel runs on the CPU only in the interpreter"))])
+def test_device_commit_matches_the_host_commit_on_random_lists(backend):
     """Commits in any list order (Flash-Verify commits in confidence order), end tokens included: the device
-    canvas keeps the same cells, end, padding and 'committed by this step' order as SequenceState.commit."""
+    canvas keeps the same cells, end, padding and 'committed by this step' order as SequenceState.commit,
+    with the tensor-operation commit and with the Triton kernel."""
     rng = random.Random(7)
-    for _ in range(200):
+    for _ in range(200 if backend == "torch" else 60):
         gen = rng.randrange(4, 20)
         canvas = DeviceCanvas.allocate(1, 40, gen, mask_id=99, eos_id=98, end_ids={97, 98}, device="cpu")
+        canvas.use_kernels(backend)
         canvas.load([[1, 2, 3]], [gen], [0])
         state = SequenceState(0, [1, 2, 3], gen, 99, 98, frozenset({97, 98}))
         for _ in range(rng.randrange(1, 4)):
             canvas.begin_step()
             state.begin_step()
-            base = 0
+            base = None
             for _ in range(2):
                 cells = rng.sample(range(gen), rng.randrange(0, gen + 1))
                 tokens = [rng.choice([5, 6, 97, 98]) if rng.random() < 0.15 else rng.randrange(10, 20) for _ in cells]

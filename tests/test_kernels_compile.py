@@ -27,7 +27,7 @@ CAPABILITIES = (90, 86)  # H200; RTX 3090
 SM_COUNT = {90: 132, 86: 82}  # what the split-KV and stream-K schedules size their grids by
 TOKEN_COUNTS = (128, 4096)
 MLP_WIDTH = {"llada-8b": 12288, "dream-7b": 18944}  # intermediate_size of each model's config.json
-FAMILIES = ("fused_qkv", "scheduled_attention", "add_rms_norm", "silu_mul")
+FAMILIES = ("fused_qkv", "scheduled_attention", "add_rms_norm", "silu_mul", "canvas_commit")
 
 
 def meta(*shape, dtype=torch.bfloat16) -> torch.Tensor:
@@ -116,6 +116,29 @@ def compile_small_ops(log, capability: int) -> None:
             silu_mul_triton(meta(n_tokens, 2 * MLP_WIDTH[model]))
 
 
+def compile_canvas_commit(log, capability: int) -> None:
+    """The decode step's commit at a chat's shapes (the model only names the choice: the kernel has no model
+    dimension): 16 window candidates over a 512-cell answer at batch 1 and 32."""
+    from flash_dllm.kernels._canvas_commit_triton import canvas_commit_triton
+
+    for model in MODELS:
+        for n_tokens in TOKEN_COUNTS:
+            S = 1 if n_tokens == 128 else 32
+            log.choice = f"canvas_commit {model} {n_tokens} tokens"
+            canvas_commit_triton(
+                _ints(S, 512), meta(S, 512, dtype=torch.float64), _ints(S, 512), _ints(S), _ints(S, 1401),
+                _ints(S, 16), _ints(S, 16), meta(S, 16, dtype=torch.float64), _flags(S, 16), _ints(S),
+                _flags(S), _flags(S), _ints(S), _ints(S), _ints(S), _ints(S), _ints(2), 126336, 126081, 1 << 40)
+
+
+def _ints(*shape):
+    return meta(*shape, dtype=torch.int64)
+
+
+def _flags(*shape):
+    return meta(*shape, dtype=torch.bool)
+
+
 def compile_for_gpu(capability: int):
     """Every kernel but MoE's, for an sm_<capability> GPU (run with TRITON_INTERPRET=0): the CompileLog."""
     from flash_dllm.kernels import _fused_qkv_streamk
@@ -125,6 +148,7 @@ def compile_for_gpu(capability: int):
         compile_fused_qkv(log, capability)
         compile_scheduled_attention(log, capability)
         compile_small_ops(log, capability)
+        compile_canvas_commit(log, capability)
     return log
 
 
