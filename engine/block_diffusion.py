@@ -109,7 +109,7 @@ class BlockDiffusion(DeviceMethod):
         return row_base, q_from, self.block_end(canvas)
 
     def plan(self, canvas: DeviceCanvas) -> QueryPlan:
-        position = torch.arange(canvas.slot_len, device=canvas.tokens.device)[None, :]
+        position = canvas.positions
         _, q_from, q_end = self.query_range(canvas)
         in_query = (position >= q_from[:, None]) & (position < q_end[:, None]) & canvas.active[:, None]
         start = self.block[:, None] * self.block_size - canvas.prompt_len[:, None]

@@ -50,10 +50,13 @@ class DeviceCanvas:
     eos_id: int
     commit_kernel: CanvasCommit = field(default_factory=lambda: CanvasCommit("torch"))
     columns: torch.Tensor | None = None  # [1, G] 0 .. G - 1, made once (an arange per use is a kernel each)
+    positions: torch.Tensor | None = None  # [1, L] 0 .. L - 1, likewise
 
     def __post_init__(self):
         if self.columns is None:
             self.columns = torch.arange(self.answer.shape[1], device=self.answer.device)[None, :]
+        if self.positions is None:
+            self.positions = torch.arange(self.tokens.shape[1] - 1, device=self.answer.device)[None, :]
 
     def use_kernels(self, backend: str) -> None:
         """Commit with the Triton kernel ("triton") or the tensor-operation reference ("torch")."""

@@ -37,12 +37,15 @@ def first_cells(mask: torch.Tensor, count: int) -> torch.Tensor:
     return out[:, :count]
 
 
-def mark(positions: torch.Tensor, width: int) -> torch.Tensor:
-    """[S, width] bool with True at every valid (>= 0, < width) entry of positions [S, K]."""
+def flags_at(positions: torch.Tensor, width: int) -> torch.Tensor:
+    """[S, width + 1] bool, True at every entry of positions [S, K] (values in [0, width]; `width` = none, and
+    column `width` is a dump the caller slices off). `set_flags` adds more positions in place."""
     out = torch.zeros((positions.shape[0], width + 1), dtype=torch.bool, device=positions.device)
-    ok = (positions >= 0) & (positions < width)
-    out.scatter_(1, torch.where(ok, positions, width), ok)
-    return out[:, :width]
+    return set_flags(out, positions)
+
+
+def set_flags(flags: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    return flags.scatter_(1, positions, True)
 
 
 def threshold_select(cells: torch.Tensor, confidences: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
@@ -76,6 +79,11 @@ def top_k_select(cells: torch.Tensor, confidences: torch.Tensor, quota: torch.Te
     positions = torch.arange(order.shape[1], device=order.device).expand_as(order)
     rank = torch.empty_like(order).scatter_(1, order, positions)
     return valid & (rank < quota[:, None])
+
+
+def p0_cells(canvas: DeviceCanvas) -> torch.Tensor:
+    """[S, G] the position of every answer cell."""
+    return canvas.prompt_len[:, None] + canvas.cells()
 
 
 class DeviceMethod:
@@ -128,6 +136,9 @@ class FlashCache(DeviceMethod):
         self.readout = window
         self.attended = torch.full((canvas.n_slots, max(min(track, L), 1)), -1, dtype=torch.int64,
                                    device=canvas.tokens.device)
+        # the priority of the i-th most attended position: after every newly committed cell (ranks < NOT_NEW)
+        self._attended_rank = (torch.arange(self.attended.shape[1], device=canvas.tokens.device) + NOT_NEW
+                               ).expand_as(self.attended).contiguous()
         self.tracks_attention = track > 0
 
     def reset(self, canvas: DeviceCanvas) -> None:
@@ -137,41 +148,48 @@ class FlashCache(DeviceMethod):
         self.attended[slot] = -1
 
     def plan(self, canvas: DeviceCanvas) -> QueryPlan:
+        # Position sets are built as [S, L + 1] flags scattered at positions (L = none), one kernel per set.
         L, p0 = canvas.slot_len, canvas.prompt_len[:, None]
         masked = canvas.masked()
         ahead_and_window = first_cells(masked, self.window + self.lookahead)
         window = ahead_and_window[:, : self.window]
-        everything = torch.arange(L, device=masked.device)[None, :] < canvas.total_len()[:, None]
-        chosen = mark(torch.where(ahead_and_window >= 0, p0 + ahead_and_window, -1), L)
-        if self.shift:  # Dream reads cell c's logits at position c - 1
-            chosen |= mark(torch.where(window >= 0, p0 + window - 1, -1), L)
+        at = torch.where(ahead_and_window >= 0, p0 + ahead_and_window, L)
+        if self.shift:  # Dream reads cell c's logits at position c - 1 (none before position 0)
+            before = p0 + window - 1
+            at = torch.cat([at, torch.where((window >= 0) & (before >= 0), before, L)], dim=1)
+        chosen = flags_at(at, L)
         if self.track > 0:
-            chosen |= self._tracked(canvas, chosen)
-        full = (canvas.steps == 0) | (self.track < 0)
-        in_query = torch.where(full[:, None], everything, chosen)
-        scored = mark(torch.where(window >= 0, p0 + window, -1), L) if self.tracks_attention else None
+            set_flags(chosen, self._tracked(canvas, chosen[:, :L]))
+        chosen = chosen[:, :L]
+        if self.track < 0:
+            in_query = canvas.positions < canvas.total_len()[:, None]
+        else:  # a sequence's first step reads everything
+            everything = canvas.positions < canvas.total_len()[:, None]
+            in_query = torch.where((canvas.steps == 0)[:, None], everything, chosen)
+        scored = None
+        if self.tracks_attention:
+            scored = flags_at(torch.where(window >= 0, p0 + window, L), L)[:, :L]
         return QueryPlan(in_query=in_query & canvas.active[:, None], cells=window, scored=scored)
 
     def _tracked(self, canvas: DeviceCanvas, chosen: torch.Tensor) -> torch.Tensor:
-        """The `track` positions of highest priority outside `chosen`: the previous step's commits in commit
-        order, then the decoded positions the window attended to most in the previous step."""
+        """[S, track] positions (L = none): the `track` positions of highest priority outside `chosen`, the
+        previous step's commits in commit order, then the decoded positions the window attended to most in the
+        previous step."""
         S, L = chosen.shape
         prio = torch.full((S, L + 1), _FAR, dtype=torch.int64, device=chosen.device)
-        ranked = torch.arange(self.attended.shape[1], device=chosen.device).expand_as(self.attended) + NOT_NEW
-        prio.scatter_(1, torch.where(self.attended >= 0, self.attended, L), ranked)
-        new = canvas.newly_rank < NOT_NEW
-        new_pos = torch.where(new, canvas.prompt_len[:, None] + canvas.cells(), L)
+        prio.scatter_(1, torch.where(self.attended >= 0, self.attended, L), self._attended_rank)
+        new_pos = torch.where(canvas.newly_rank < NOT_NEW, p0_cells(canvas), L)
         prio.scatter_(1, new_pos, canvas.newly_rank)
         prio = prio[:, :L].masked_fill(chosen, _FAR)
         values, index = torch.topk(prio, min(self.track, L), dim=1, largest=False)
-        return mark(torch.where(values < _FAR, index, -1), L)
+        return torch.where(values < _FAR, index, L)
 
     def note_attention(self, canvas: DeviceCanvas, scores: torch.Tensor) -> None:
         """Rank the decoded positions (prompt, committed cells) by the attention mass the window gave them."""
         if self.track <= 0:
             return
         L = canvas.slot_len
-        position = torch.arange(L, device=scores.device)[None, :]
+        position = canvas.positions
         cell = (position - canvas.prompt_len[:, None]).clamp(0, canvas.width - 1)
         committed = canvas.answer.gather(1, cell) >= 0
         eligible = (position < canvas.prompt_len[:, None]) | (committed & (position < canvas.total_len()[:, None]))
@@ -249,8 +267,7 @@ class FastDllm(BlockSchedule):
         self.steady_rows = min(canvas.slot_len, (block_length if mode == "dual" else canvas.width) + extra)
 
     def plan(self, canvas: DeviceCanvas) -> QueryPlan:
-        L = canvas.slot_len
-        position = torch.arange(L, device=canvas.tokens.device)[None, :]
+        position = canvas.positions
         p0, total = canvas.prompt_len[:, None], canvas.total_len()[:, None]
         start = self.block[:, None] * self.block_length
         first = p0 + start - (1 if self.shift else 0)
@@ -287,7 +304,7 @@ class LladaTopK(DeviceMethod):
         self.block_masks = torch.zeros(canvas.n_slots, dtype=torch.int64, device=canvas.tokens.device)
 
     def plan(self, canvas: DeviceCanvas) -> QueryPlan:
-        position = torch.arange(canvas.slot_len, device=canvas.tokens.device)[None, :]
+        position = canvas.positions
         in_query = (position < canvas.total_len()[:, None]) & canvas.active[:, None]
         block, step = canvas.steps // self.steps_per_block, canvas.steps % self.steps_per_block
         start = (block * self.block_length)[:, None]

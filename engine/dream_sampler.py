@@ -127,7 +127,7 @@ class DreamDevice(DeviceMethod):
         self.ratios = torch.tensor(self.dream.ratios, dtype=torch.float32, device=canvas.tokens.device)
 
     def plan(self, canvas: DeviceCanvas) -> QueryPlan:
-        position = torch.arange(canvas.slot_len, device=canvas.tokens.device)[None, :]
+        position = canvas.positions
         in_query = (position < canvas.total_len()[:, None]) & canvas.active[:, None]
         return QueryPlan(in_query=in_query, cells=first_cells(canvas.masked(), self.readout))
 

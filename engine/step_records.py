@@ -17,6 +17,9 @@ from flash_dllm.engine.device_canvas import DeviceCanvas
 from flash_dllm.engine.events import StepEvent
 
 RING = 4  # pinned host copies in flight; the loop reads a record at most two steps after it was written
+# [S] fields of the record in buffer order: the canvas's counters (in `write`'s order), then its flags
+COUNTERS = ("end", "gen_len", "accepted_total", "rejected_total", "steps", "forward_passes", "verify_passes")
+FLAGS = ("was_active", "active", "full_next", "official_end")
 
 
 @dataclass
@@ -61,11 +64,9 @@ class StepRecords:
 
     def __init__(self, canvas: DeviceCanvas, readout: int, cap: int):
         S, G, C = canvas.n_slots, canvas.width, max(cap, 1)
+        # Fields written together are neighbours, so one stacking kernel writes each group (see `write`).
         self.shapes = {"answer": (S, G), "cells": (S, readout), "verify_cells": (S, C), "verify_drafts": (S, C),
-                       "accepted": (S,), "accepted_total": (S,), "rejected_total": (S,), "end": (S,), "gen_len": (S,),
-                       "steps": (S,), "forward_passes": (S,),
-                       "verify_passes": (S,), "was_active": (S,), "active": (S,), "full_next": (S,),
-                       "official_end": (S,)}
+                       "accepted": (S,), **{name: (S,) for name in COUNTERS + FLAGS}}
         sizes = {name: int(torch.Size(shape).numel()) for name, shape in self.shapes.items()}
         self.offsets, total = {}, 0
         for name, size in sizes.items():
@@ -76,6 +77,8 @@ class StepRecords:
         self.ints = torch.zeros(total, dtype=torch.int64, device=device)
         self.floats = torch.zeros((S, G), dtype=torch.float64, device=device)
         self._view(self.ints, "verify_cells").fill_(-1)  # methods without a verifier never write these
+        self._counters, self._flags = self._group(COUNTERS), self._group(FLAGS)
+        self._verify = self._group(("verify_cells", "verify_drafts"))
         pin = dict(pin_memory=True) if self.cuda else {}
         self.host_ints = [torch.zeros(total, dtype=torch.int64, **pin) for _ in range(RING)]
         self.host_floats = [torch.zeros((S, G), dtype=torch.float64, **pin) for _ in range(RING)]
@@ -90,16 +93,23 @@ class StepRecords:
               verify_cells: torch.Tensor | None = None, verify_drafts: torch.Tensor | None = None,
               accepted: torch.Tensor | None = None) -> None:
         """Device side, at the end of a step (inside a captured graph too)."""
-        values = {"answer": canvas.answer, "cells": cells, "end": canvas.end, "gen_len": canvas.gen_len,
-                  "accepted_total": canvas.accepted, "rejected_total": canvas.rejected,
-                  "steps": canvas.steps, "forward_passes": canvas.forward_passes,
-                  "verify_passes": canvas.verify_passes, "was_active": was_active, "active": canvas.active,
-                  "full_next": full_next, "official_end": canvas.official_end}
+        self._view(self.ints, "answer").copy_(canvas.answer)
+        self._view(self.ints, "cells").copy_(cells)
+        counters = [canvas.end, canvas.gen_len, canvas.accepted, canvas.rejected, canvas.steps,
+                    canvas.forward_passes, canvas.verify_passes]
+        torch.stack(counters, out=self._counters)
+        self._flags.copy_(torch.stack([was_active, canvas.active, full_next, canvas.official_end]))
         if verify_cells is not None:
-            values.update(verify_cells=verify_cells, verify_drafts=verify_drafts, accepted=accepted)
-        for name, value in values.items():
-            self._view(self.ints, name).copy_(value)
+            torch.stack([verify_cells, verify_drafts], out=self._verify)
+            self._view(self.ints, "accepted").copy_(accepted)
         self.floats.copy_(canvas.confidence)
+
+    def _group(self, names) -> torch.Tensor:
+        """[len(names), *shape] view over neighbouring fields of one shape."""
+        start, size = self.offsets[names[0]]
+        if any(self.offsets[n] != (start + i * size, size) for i, n in enumerate(names)):
+            raise AssertionError(f"record fields {names} are not neighbours")
+        return self.ints[start: start + len(names) * size].view(len(names), *self.shapes[names[0]])
 
     def copy_out(self, k: int) -> None:
         """Queue the copy of the device record into ring slot k % RING (no waiting)."""
