@@ -166,6 +166,9 @@ class Packer:
 
     def __init__(self, cache: KVCache, canvas: DeviceCanvas, shift: bool):
         self.cache, self.canvas, self.shift = cache, canvas, shift
+        # what a packed row holds where no position lands: [MASK], position 0, K/V written to the trash row
+        self._row_fill = torch.tensor([[canvas.mask_id], [0], [cache.trash_row]], dtype=torch.int64,
+                                      device=canvas.answer.device)
         self._layouts: dict[Layout, LayoutTensors] = {}
         self._assigned: dict[Layout, list[int]] = {}
 
@@ -192,15 +195,17 @@ class Packer:
         in_query = in_query & (rank < lt.budgets)
         row_of = lt.offsets + rank  # [n, L] packed row of each position (meaningful where in_query)
         target = torch.where(in_query, row_of, n_rows)
-        position = torch.arange(L, device=row_of.device).expand_as(row_of)
+        position = canvas.positions.expand_as(row_of)
         tokens = pick(canvas.tokens)[:, :L]
         prompt_len = pick(canvas.prompt_len)
         if mask_prompt:  # classifier-free guidance's unconditional branch: the prompt replaced by [MASK]
             tokens = torch.where(position < prompt_len[:, None], canvas.mask_id, tokens)
-        token_ids = _scatter_flat(n_rows, canvas.mask_id, target, tokens, torch.int64)
-        positions = _scatter_flat(n_rows, 0, target, position, torch.int64)
         base = pick(cache.row_base)
-        write_rows = _scatter_flat(n_rows, cache.trash_row, target, base[:, None] + position, torch.int64)
+        # token ids, positions and cache rows of the packed rows: one scatter for the three
+        rows = self._row_fill.expand(3, n_rows + 1).clone()
+        values = torch.stack([tokens, position, base[:, None] + position]).reshape(3, -1)
+        rows.scatter_(1, target.reshape(1, -1).expand(3, -1), values)
+        token_ids, positions, write_rows = rows[0, :n_rows], rows[1, :n_rows], rows[2, :n_rows]
         score_query = None
         if plan.scored is not None:
             score_query = _scatter_flat(n_rows, False, target, pick(plan.scored), torch.bool)

@@ -1,0 +1,101 @@
+"""How many device operations a steady decode step launches besides the model's forward.
+
+At batch 1 on a GPU each small kernel costs a few microseconds of launch and tail even inside a CUDA graph, and
+a step is a few milliseconds: the bookkeeping around the forward (plan, predictions, commit, record) was about
+280 kernels for flash-cache and 450 for flash-verify before the commit became one kernel. This counts the
+operations that reach the dispatcher (views excluded) during one steady step on the CPU, the commit kernel as
+one, and holds each method under its budget so that the count only goes down. `-s` prints the counts.
+"""
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from flash_dllm.engine import decode_loop
+from flash_dllm.engine.engine import Engine
+from flash_dllm.engine.settings import GenerationSettings
+from flash_dllm.engine.tiny import TinySpec, write_tiny_model
+from flash_dllm.kernels import canvas_commit
+
+# what views cost: no kernel
+VIEWS = {"view", "unsqueeze", "slice", "select", "expand", "t", "_unsafe_view", "transpose", "split",
+         "split_with_sizes", "alias", "as_strided", "squeeze", "permute", "unbind", "lift_fresh",
+         "_local_scalar_dense", "detach"}
+# The budgets: the counts at the time of writing (torch 2.13, CPU), per method. Lower them when they fall.
+BUDGETS = {"flash-cache": 170, "flash-verify": 274, "fast-dllm": 165, "llada": 136}
+METHODS = {"flash-cache": {}, "flash-verify": dict(gamma=0.5), "fast-dllm": dict(cache_mode="dual"), "llada": {}}
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+        self.paused = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not self.paused and name not in VIEWS:
+            self.ops[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_step_ops(engine: Engine, settings: GenerationSettings, step: int) -> collections.Counter:
+    """Operations of decode step `step` (0 = the first) outside the model's forward and head; the commit
+    counts one."""
+    counts: list[_Count] = []
+    forward, head, step_fn = decode_loop.forward_cached, decode_loop.lm_logits, decode_loop.DecodeSession.step
+    commit_call = canvas_commit.CanvasCommit.__call__
+
+    def counted_step(self, layouts):
+        with _Count() as mode:
+            counts.append(mode)
+            step_fn(self, layouts)
+
+    def paused(fn, name=None):
+        def run(*args, **kwargs):
+            mode = counts[-1] if counts else None
+            if mode is not None:
+                if name:
+                    mode.ops[name] += 1
+                mode.paused += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if mode is not None:
+                    mode.paused -= 1
+        return run
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode_loop.DecodeSession, "step", counted_step)
+        patch.setattr(decode_loop, "forward_cached", paused(forward))
+        patch.setattr(decode_loop, "lm_logits", paused(head))
+        patch.setattr(canvas_commit.CanvasCommit, "__call__", paused(commit_call, "canvas_commit"))
+        engine.generate(["What is 7 + 5?"], settings)
+    assert len(counts) > step, f"only {len(counts)} steps"
+    return counts[step].ops
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory) -> Engine:
+    return Engine.load(str(write_tiny_model(tmp_path_factory.mktemp("llada"), TinySpec())), device="cpu")
+
+
+@pytest.mark.parametrize("method", sorted(BUDGETS))
+def test_steady_step_bookkeeping_stays_within_budget(engine, method):
+    settings = GenerationSettings(method=method, gen_length=32, block_length=16, threshold=1.0, steps=32,
+                                  **METHODS[method])
+    ops = count_step_ops(engine, settings, step=4)
+    total = sum(ops.values())
+    print(f"{method}: {total} operations besides the forward; most: {ops.most_common(8)}")
+    assert ops["canvas_commit"] == (2 if method == "flash-verify" else 1)
+    assert total <= BUDGETS[method], f"{method}: {total} > {BUDGETS[method]} ({ops.most_common(12)})"
+
+
+def test_the_counter_sees_operations(engine):
+    """A counter that saw nothing would pass every budget."""
+    ops = count_step_ops(engine, GenerationSettings(method="flash-cache", gen_length=32, threshold=1.0), step=3)
+    assert ops["topk"] >= 1 and ops["canvas_commit"] == 1 and sum(ops.values()) > 50
+    assert not any(name in ops for name in ("mm", "addmm", "bmm", "linear"))  # the forward is not counted
