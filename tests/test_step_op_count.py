@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 
 import pytest
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from flash_dllm.engine import decode_loop
