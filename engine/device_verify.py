@@ -78,6 +78,12 @@ class VerifyLayout:
         self.chain = torch.tensor(chain_visibility(window, cap, shift), dtype=torch.bool, device=device)
         self.slots = torch.arange(n_slots, device=device)
         self.readout = torch.arange(cap, device=device) + window + (2 if shift else 1) * cap
+        # the pass's constant tensors, made once (each would be a kernel per step)
+        cache, rows = packer.cache, torch.arange(self.rows, device=device)
+        self.inq_start = cache.scratch_base + self.slots * cache.scratch_per_slot  # each slot's scratch rows
+        self.write_rows = (self.inq_start[:, None] + rows[None, :]).reshape(-1)
+        self.q_len = torch.full((n_slots,), self.rows, dtype=torch.int64, device=device)
+        self.hidden_rows = (self.slots[:, None] * self.rows + self.readout[None, :]).reshape(-1)
 
     def pack(self, batch: VerifyBatch) -> tuple[CachedStep, torch.Tensor]:
         """The verify forward, and the cache rows it hides (to be re-enabled after the pass)."""
@@ -103,21 +109,16 @@ class VerifyLayout:
         positions = torch.where(valid, p0 + cells, 0)
         tokens = torch.where(valid, tokens, canvas.mask_id)
         lt = self.packer.tensors(self.layout)
-        rows = torch.arange(self.rows, device=cells.device)
-        write_rows = cache.scratch_base + self.slots[:, None] * cache.scratch_per_slot + rows[None, :]
         keys_ok = torch.cat([tracked_ok, cand_ok, cand_ok] + ([torch.zeros_like(cand_ok)] if self.shift else []), 1)
         inq_mask = (self.chain[None] & keys_ok[:, None, :]).reshape(S * self.rows, self.rows)
         hidden = torch.cat([tracked_ok, cand_ok], 1)
         hide = torch.where(hidden, cache.row_base[:, None] + p0 + torch.cat([batch.tracked, batch.cells], 1),
                            cache.trash_row)
         cache.keep.index_fill_(0, hide.reshape(-1), 0)
-        full = torch.full((S,), self.rows, dtype=torch.int64, device=cells.device)
-        attention = attention_plan(lt, full, cache.row_base, canvas.total_len(), L, kv_keep=cache.keep,
-                                   inq_start=cache.scratch_base + self.slots * cache.scratch_per_slot,
-                                   inq_mask=inq_mask)
-        step = CachedStep(token_ids=tokens.reshape(-1), positions=positions.reshape(-1),
-                          write_rows=write_rows.reshape(-1), plan=attention,
-                          hidden_rows=(self.slots[:, None] * self.rows + self.readout[None, :]).reshape(-1))
+        attention = attention_plan(lt, self.q_len, cache.row_base, canvas.total_len(), L, kv_keep=cache.keep,
+                                   inq_start=self.inq_start, inq_mask=inq_mask)
+        step = CachedStep(token_ids=tokens.reshape(-1), positions=positions.reshape(-1), write_rows=self.write_rows,
+                          plan=attention, hidden_rows=self.hidden_rows)
         return step, hide.reshape(-1)
 
 
