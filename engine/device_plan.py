@@ -71,6 +71,16 @@ def ensure_progress(cells: torch.Tensor, preds: Predictions, chosen: torch.Tenso
     return chosen | swap
 
 
+def select_by_threshold(canvas: DeviceCanvas, cells: torch.Tensor, preds: Predictions) -> torch.Tensor:
+    """threshold_select then ensure_progress, in one kernel on a GPU (kernels/threshold_select.py): the
+    chosen candidates; the swapped-in fallback tokens and probabilities are written into `preds`."""
+    shape = cells.shape
+    chosen, preds.tokens, preds.confidences = canvas.select_kernel(
+        cells, preds.confidences.view(shape), preds.tokens.view(shape), preds.fallback_tokens.view(shape),
+        preds.fallback_confidences.view(shape), canvas.threshold, mask_id=canvas.mask_id)
+    return chosen
+
+
 def top_k_select(cells: torch.Tensor, confidences: torch.Tensor, quota: torch.Tensor) -> torch.Tensor:
     """The quota[s] most confident candidates of each row (ties: the earlier one, as torch.topk on CUDA)."""
     valid = cells >= 0
@@ -198,8 +208,7 @@ class FlashCache(DeviceMethod):
         self.attended.copy_(torch.where(canvas.active[:, None], kept, self.attended))
 
     def select(self, canvas: DeviceCanvas, plan: QueryPlan, preds: Predictions) -> torch.Tensor:
-        chosen = threshold_select(plan.cells, preds.confidences.view(plan.cells.shape), canvas.threshold)
-        return ensure_progress(plan.cells, preds, chosen, canvas.mask_id)
+        return select_by_threshold(canvas, plan.cells, preds)
 
 
 class BlockSchedule(DeviceMethod):
@@ -279,8 +288,7 @@ class FastDllm(BlockSchedule):
         return QueryPlan(in_query=in_query & canvas.active[:, None], cells=self.block_cells(canvas))
 
     def select(self, canvas: DeviceCanvas, plan: QueryPlan, preds: Predictions) -> torch.Tensor:
-        chosen = threshold_select(plan.cells, preds.confidences.view(plan.cells.shape), canvas.threshold)
-        return ensure_progress(plan.cells, preds, chosen, canvas.mask_id)
+        return select_by_threshold(canvas, plan.cells, preds)
 
 
 class LladaTopK(DeviceMethod):

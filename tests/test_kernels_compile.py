@@ -27,7 +27,8 @@ CAPABILITIES = (90, 86)  # H200; RTX 3090
 SM_COUNT = {90: 132, 86: 82}  # what the split-KV and stream-K schedules size their grids by
 TOKEN_COUNTS = (128, 4096)
 MLP_WIDTH = {"llada-8b": 12288, "dream-7b": 18944}  # intermediate_size of each model's config.json
-FAMILIES = ("fused_qkv", "scheduled_attention", "add_rms_norm", "silu_mul", "canvas_commit")
+FAMILIES = ("fused_qkv", "scheduled_attention", "add_rms_norm", "silu_mul", "canvas_commit",
+            "threshold_select")
 
 
 def meta(*shape, dtype=torch.bfloat16) -> torch.Tensor:
@@ -117,9 +118,10 @@ def compile_small_ops(log, capability: int) -> None:
 
 
 def compile_canvas_commit(log, capability: int) -> None:
-    """The decode step's commit at a chat's shapes (the model only names the choice: the kernel has no model
+    """The decode step's commit and threshold select at a chat's shapes (the model only names the choice: the kernel has no model
     dimension): 16 window candidates over a 512-cell answer at batch 1 and 32."""
     from flash_dllm.kernels._canvas_commit_triton import canvas_commit_triton
+    from flash_dllm.kernels._threshold_select_triton import threshold_select_triton
 
     for model in MODELS:
         for n_tokens in TOKEN_COUNTS:
@@ -129,6 +131,10 @@ def compile_canvas_commit(log, capability: int) -> None:
                 _ints(S, 512), meta(S, 512, dtype=torch.float64), _ints(S, 512), _ints(S), _ints(S, 1401),
                 _ints(S, 16), _ints(S, 16), meta(S, 16, dtype=torch.float64), _flags(S, 16), _ints(S),
                 _flags(S), _flags(S), _ints(S), _ints(S), _ints(S), _ints(S), _ints(2), 126336, 126081, 1 << 40)
+            log.choice = f"threshold_select {model} {n_tokens} tokens"
+            doubles = meta(S, 16, dtype=torch.float64)
+            threshold_select_triton(_ints(S, 16), doubles, _ints(S, 16), _ints(S, 16), doubles,
+                                    meta(S, dtype=torch.float64), 126336)
 
 
 def _ints(*shape):
