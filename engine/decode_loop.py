@@ -54,6 +54,7 @@ class DecodeSession:
         check_model_and_method(model.config, method)  # a block-diffusion model decodes only with its method
         backend = ops.backend
         canvas.use_kernels(backend)
+        method.use_kernels(backend)
         self.sampling, self.cfg_scale = sampling, cfg_scale
         shift = model.config.shift_logits
         verify_rows = method.readout + (3 if shift else 2) * verify.cap if verify else 0

@@ -24,6 +24,7 @@ import torch
 from flash_dllm.engine.device_canvas import NOT_NEW, DeviceCanvas
 from flash_dllm.engine.packing import QueryPlan
 from flash_dllm.engine.sampling import Predictions, predict
+from flash_dllm.kernels.greedy_predict import GreedyPredict
 
 _FAR = 1 << 50  # priority of a position that is never tracked
 
@@ -106,6 +107,13 @@ class DeviceMethod:
     native_confidence: bool = False  # rank on the softmax in the logits' dtype (LLaDA's generate.py)
     mask_id: int = -1
 
+    greedy: GreedyPredict | None = None  # the greedy predictions' kernels (None: their tensor operations)
+
+    def use_kernels(self, backend: str) -> None:
+        """Run greedy predictions with the Triton kernels ("triton") or their reference ("torch")."""
+        if self.greedy is None or self.greedy.backend != backend:
+            self.greedy = GreedyPredict(backend)
+
     def bind(self, canvas: DeviceCanvas, official_end: bool) -> None:
         """Write the call's end rule and step limit into the canvas (constant for a session's every call)."""
         canvas.official_end.fill_(official_end)
@@ -116,7 +124,8 @@ class DeviceMethod:
     def predict(self, logits: torch.Tensor, temperature: torch.Tensor | None, keys: torch.Tensor | None,
                 cells: torch.Tensor | None = None) -> Predictions:
         """Predictions from the logits at the step's candidate rows (cells: those candidates, flattened)."""
-        return predict(logits, temperature, keys, mask_id=self.mask_id, native_confidence=self.native_confidence)
+        return predict(logits, temperature, keys, mask_id=self.mask_id, native_confidence=self.native_confidence,
+                       greedy=self.greedy)
 
     def reset(self, canvas: DeviceCanvas) -> None:
         """Forget the previous call's per-sequence state (after canvas.load)."""

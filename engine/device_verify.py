@@ -141,7 +141,7 @@ class Verifier:
         logits = session.verify_logits(step)
         cache.keep.index_fill_(0, hidden_rows, 1)
         keys, temperature = session._keys_and_temperature(None, batch.cells, VERIFY_PASS)
-        p = predict(logits, temperature, keys, given_tokens=batch.drafts.reshape(-1))
+        p = predict(logits, temperature, keys, given_tokens=batch.drafts.reshape(-1), greedy=session.method.greedy)
         accepted = accepted_counts(batch, p, canvas.gamma, self.rule)
         chosen = torch.arange(batch.cells.shape[1], device=accepted.device)[None, :] < accepted[:, None]
         canvas.commit(batch.cells, batch.drafts, p.probs_of_given.view(batch.cells.shape), chosen,

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from flash_dllm.kernels.greedy_predict import GreedyPredict, greedy_predict_reference
+
 _M32 = 0xFFFFFFFF
 DRAFT_PASS, VERIFY_PASS = 0, 1
 
@@ -61,13 +63,19 @@ class Predictions:
 
 def predict(logits: torch.Tensor, temperature: torch.Tensor | None = None, keys: torch.Tensor | None = None,
             given_tokens: torch.Tensor | None = None, mask_id: int | None = None,
-            native_confidence: bool = False) -> Predictions:
+            native_confidence: bool = False, greedy: GreedyPredict | None = None) -> Predictions:
     """logits [M, V] -> Predictions. Softmax in fp64, so thresholds such as 0.9 compare exactly as the
     reference implementations do; with native_confidence the confidence is the softmax in the logits' own
     dtype instead (LLaDA's generate.py ranks on it: in bf16 many cells tie at 1.0, and which of them are
     committed depends on it). With `temperature` ([M] float64; None = greedy) the token of a row whose
     temperature T > 0 is argmax(logits / T + Gumbel(keys)), of the others the plain argmax. With `mask_id`,
-    also the fallback token (the same choice with [MASK] excluded)."""
+    also the fallback token (the same choice with [MASK] excluded). A greedy call with fp64 confidences runs
+    `greedy` (kernels/greedy_predict.py bound to a backend; default its tensor-operation reference)."""
+    if temperature is None and not native_confidence:
+        run = greedy if greedy is not None else greedy_predict_reference
+        tokens, conf, fallback, fallback_conf, given = run(logits, -1 if mask_id is None else mask_id, given_tokens)
+        return Predictions(tokens=tokens, confidences=conf, probs_of_given=given, fallback_tokens=fallback,
+                           fallback_confidences=fallback_conf)
     probs = torch.softmax(logits.double(), dim=-1)
     scores = logits
     if temperature is not None:

@@ -28,7 +28,7 @@ SM_COUNT = {90: 132, 86: 82}  # what the split-KV and stream-K schedules size th
 TOKEN_COUNTS = (128, 4096)
 MLP_WIDTH = {"llada-8b": 12288, "dream-7b": 18944}  # intermediate_size of each model's config.json
 FAMILIES = ("fused_qkv", "scheduled_attention", "add_rms_norm", "silu_mul", "canvas_commit",
-            "threshold_select")
+            "threshold_select", "greedy_predict")
 
 
 def meta(*shape, dtype=torch.bfloat16) -> torch.Tensor:
@@ -117,10 +117,12 @@ def compile_small_ops(log, capability: int) -> None:
             silu_mul_triton(meta(n_tokens, 2 * MLP_WIDTH[model]))
 
 
-def compile_canvas_commit(log, capability: int) -> None:
-    """The decode step's commit and threshold select at a chat's shapes (the model only names the choice: the kernel has no model
-    dimension): 16 window candidates over a 512-cell answer at batch 1 and 32."""
+def compile_step_kernels(log, capability: int) -> None:
+    """The decode step's commit, threshold select and greedy predictions at a chat's shapes (the model only
+    names the choice: these kernels have no model dimension): 16 window candidates over a 512-cell answer and
+    LLaDA's vocabulary, at batch 1 and 32."""
     from flash_dllm.kernels._canvas_commit_triton import canvas_commit_triton
+    from flash_dllm.kernels._greedy_predict_triton import greedy_predict_triton
     from flash_dllm.kernels._threshold_select_triton import threshold_select_triton
 
     for model in MODELS:
@@ -135,6 +137,8 @@ def compile_canvas_commit(log, capability: int) -> None:
             doubles = meta(S, 16, dtype=torch.float64)
             threshold_select_triton(_ints(S, 16), doubles, _ints(S, 16), _ints(S, 16), doubles,
                                     meta(S, dtype=torch.float64), 126336)
+            log.choice = f"greedy_predict {model} {n_tokens} tokens"  # the window's logits; LLaDA's vocabulary
+            greedy_predict_triton(meta(16 * S, 126464), 126336, _ints(16 * S))
 
 
 def _ints(*shape):
@@ -154,7 +158,7 @@ def compile_for_gpu(capability: int):
         compile_fused_qkv(log, capability)
         compile_scheduled_attention(log, capability)
         compile_small_ops(log, capability)
-        compile_canvas_commit(log, capability)
+        compile_step_kernels(log, capability)
     return log
 
 
