@@ -117,19 +117,21 @@ class DecodeSession:
     def _draft(self, plan: QueryPlan, layouts: list[Layout]) -> Predictions:
         """Predictions [S, R] at the plan's candidate cells, from one forward per layout."""
         shape = plan.cells.shape
+        if len(layouts) == 1 and self.packer.tensors(layouts[0]).all_slots:  # a steady step: one forward, no merge
+            p = self._predict(plan, layouts[0], None, plan.cells)
+            tokens, confidences = p.tokens.view(shape), p.confidences.view(shape).to(torch.float64)
+            if p.fallback_tokens is None:
+                return Predictions(tokens=tokens, confidences=confidences, fallback_tokens=torch.zeros_like(tokens),
+                                   fallback_confidences=torch.zeros_like(confidences))
+            return Predictions(tokens=tokens, confidences=confidences, fallback_tokens=p.fallback_tokens.view(shape),
+                               fallback_confidences=p.fallback_confidences.view(shape).to(torch.float64))
         tokens = torch.zeros(shape, dtype=torch.int64, device=plan.cells.device)
         confidences = torch.zeros(shape, dtype=torch.float64, device=plan.cells.device)
         fallback, fallback_conf = torch.zeros_like(tokens), torch.zeros_like(confidences)
         for layout in layouts:
             lt = self.packer.tensors(layout)
-            logits = self._logits(plan, layout)
-            if self.cfg_scale > 0:  # LLaDA's classifier-free guidance: un + (scale + 1) * (cond - un)
-                uncond = self._logits(plan, layout, mask_prompt=True)
-                logits = uncond + (self.cfg_scale + 1.0) * (logits - uncond)
             slots = None if lt.all_slots else lt.index
-            cells = plan.cells if slots is None else plan.cells[slots]
-            keys, temperature = self._keys_and_temperature(slots, cells, DRAFT_PASS)
-            p = self.method.predict(logits, temperature, keys, cells.reshape(-1))
+            p = self._predict(plan, layout, slots, plan.cells if slots is None else plan.cells[slots])
             fields = [(tokens, p.tokens), (confidences, p.confidences), (fallback, p.fallback_tokens),
                       (fallback_conf, p.fallback_confidences)]
             for out, value in fields:  # every slot's row is written by exactly one layout
@@ -141,6 +143,16 @@ class DecodeSession:
                     out.index_copy_(0, slots, value.view(len(layout.slots), -1).to(out.dtype))
         return Predictions(tokens=tokens, confidences=confidences, fallback_tokens=fallback,
                            fallback_confidences=fallback_conf)
+
+    def _predict(self, plan: QueryPlan, layout: Layout, slots: torch.Tensor | None, cells: torch.Tensor
+                 ) -> Predictions:
+        """Predictions at `cells` (the layout's slots' candidates) from the layout's forward."""
+        logits = self._logits(plan, layout)
+        if self.cfg_scale > 0:  # LLaDA's classifier-free guidance: un + (scale + 1) * (cond - un)
+            uncond = self._logits(plan, layout, mask_prompt=True)
+            logits = uncond + (self.cfg_scale + 1.0) * (logits - uncond)
+        keys, temperature = self._keys_and_temperature(slots, cells, DRAFT_PASS)
+        return self.method.predict(logits, temperature, keys, cells.reshape(-1))
 
     def verify_logits(self, step) -> torch.Tensor:
         """Logits at a verify pass's read-out rows (the pass writes scratch rows only)."""
