@@ -49,15 +49,6 @@ def set_flags(flags: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return flags.scatter_(1, positions, True)
 
 
-def threshold_select(cells: torch.Tensor, confidences: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    """Every candidate at or above its row's threshold, and at least the most confident one (the first on ties)."""
-    valid = cells >= 0
-    chosen = valid & (confidences >= threshold[:, None])
-    best = torch.where(valid, confidences, -1.0).argmax(1, keepdim=True)
-    fallback = (valid.any(1) & ~chosen.any(1))[:, None]
-    return chosen | (torch.zeros_like(chosen).scatter_(1, best, fallback))
-
-
 def ensure_progress(cells: torch.Tensor, preds: Predictions, chosen: torch.Tensor, mask_id: int) -> torch.Tensor:
     """strategies.ensure_progress on every row: where no chosen candidate predicted a real token, also choose
     the candidate with the most probable real token and swap that token (and its probability) into `preds`."""

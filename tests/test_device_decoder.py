@@ -13,7 +13,6 @@ import torch
 
 from flash_dllm.engine.tokenizer import load_tokenizer
 from flash_dllm.engine.device_canvas import NOT_NEW, DeviceCanvas
-from flash_dllm.engine.device_plan import threshold_select as device_threshold
 from flash_dllm.engine.device_plan import top_k_select
 from flash_dllm.engine.engine import Engine
 from flash_dllm.engine.model import forward_hidden
@@ -22,6 +21,7 @@ from flash_dllm.engine.sequence import SequenceState
 from flash_dllm.engine.settings import GenerationSettings
 from flash_dllm.engine.strategies import threshold_select, top_k
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
+from flash_dllm.kernels.threshold_select import threshold_select_reference
 from flash_dllm.engine.weights import load_model
 from decoder_testing import compare_to_reference, graph_and_eager, needs_cuda
 
@@ -167,7 +167,9 @@ def test_device_selection_rules_equal_the_host_rules():
         conf = [rng.choice([0.2, 0.5, 0.9, rng.random()]) for _ in range(n)]
         cells = torch.tensor([list(range(n)) + [-1] * (width - n)])
         padded_conf = torch.tensor([conf + [0.0] * (width - n)], dtype=torch.float64)
-        chosen = device_threshold(cells, padded_conf, torch.tensor([0.9], dtype=torch.float64))[0].tolist()
+        real = torch.full_like(cells, 7)  # no [MASK] prediction: the fallback never steps in
+        chosen = threshold_select_reference(cells, padded_conf, real, real, padded_conf,
+                                            torch.tensor([0.9], dtype=torch.float64), 5)[0][0].tolist()
         assert [i for i in range(width) if chosen[i]] == threshold_select(conf, 0.9)
         k = rng.randrange(0, n + 1)
         picked = top_k_select(cells, padded_conf, torch.tensor([k]))[0].tolist()
