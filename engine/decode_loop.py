@@ -33,6 +33,22 @@ MAX_ROWS = 4096  # query rows per forward of an eager whole-sequence step (bound
 EAGER_BEFORE_CAPTURE = 2  # steady steps run eagerly first: Triton compiles and tunes its kernels there
 
 
+class DecodeStalled(RuntimeError):
+    """A sequence took more steps than any method needs for its answer: its steps stopped committing."""
+
+
+def check_progress(record: HostRecord) -> None:
+    """Raise DecodeStalled when an active sequence has taken more than STALL_STEPS(gen_len) steps. Every method
+    commits at least one cell per step while cells remain (threshold rules fall back to the best real token,
+    quotas are at least one, schedules are at most gen_len steps), so only a broken step gets there; without
+    this check it would decode forever."""
+    stalled = record.active & (record.steps > 2 * record.gen_len + 8)
+    if bool(stalled.any()):
+        slot = int(torch.nonzero(stalled)[0])
+        raise DecodeStalled(f"decoding stalled: sequence {slot} took {int(record.steps[slot])} steps for "
+                            f"{int(record.gen_len[slot])} answer cells without finishing (a step committed nothing)")
+
+
 @dataclass(frozen=True)
 class VerifySpec:
     cap: int  # candidates per step
@@ -226,6 +242,7 @@ class DecodeSession:
                 for event in step_events(previous, record, piece, started):
                     emit(event)
                 previous = record
+                check_progress(record)
             if not bool(previous.active.any()):
                 break
             full = previous.full_next & previous.active if self.status_driven else torch.zeros_like(full)

@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from flash_dllm.engine.decode_loop import DecodeStalled
 from flash_dllm.engine.events import CanvasStart, SequenceDone
 from flash_dllm.engine.metrics import tokens_per_forward, tokens_per_second
 from flash_dllm.engine.model import DiffusionLM, bind_kernels
@@ -219,6 +220,9 @@ class Engine:
                     outcome = session.run(emit, self.tokenizer.piece, cancel, started)
                 results = self._results(session, settings, len(encoded), time.perf_counter() - started)
             except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
+                if isinstance(err, DecodeStalled):
+                    self._drop_session()
+                    raise EngineError(str(err)) from None
                 if not is_out_of_memory(err):
                     raise
                 self._drop_session()

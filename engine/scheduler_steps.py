@@ -18,6 +18,7 @@ from flash_dllm.engine.metrics import tokens_per_forward, tokens_per_second
 from flash_dllm.engine.packing import Layout, groups_for
 from flash_dllm.engine.scheduler import Occupant, initial_row
 from flash_dllm.engine.settings import GenerationResult
+from flash_dllm.engine.decode_loop import check_progress
 from flash_dllm.engine.step_records import HostRecord, step_events
 
 MAX_ROWS = 4096  # query rows per eager forward
@@ -120,6 +121,7 @@ class BatchRun:
         for slot in [s for s, o in occupants.items() if index >= o.admitted_step and not bool(record.active[s])]:
             self._finish(slot, record, now)
         self.previous = record
+        check_progress(record)  # raises: the scheduler ends the requests in flight with the error
 
     def _finish(self, slot: int, record: HostRecord, now: float) -> None:
         occupant = self.scheduler.occupants[slot]

@@ -214,3 +214,23 @@ def test_cuda_graph_replay_equals_eager_at_full_geometry(geometry):
     finally:
         del engine
         torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("path", ["generate", "scheduler"])
+def test_a_step_that_commits_nothing_ends_with_an_error_not_a_hang(engine, monkeypatch, path):
+    """Every method commits at least one cell per step, so a sequence that outlives 2 x its cells + 8 steps has
+    a broken step: the call ends with a message (and the engine still works), instead of decoding forever."""
+    from flash_dllm.engine.engine import EngineError
+    from flash_dllm.kernels.canvas_commit import CanvasCommit
+
+    working = CanvasCommit.__call__
+    monkeypatch.setattr(CanvasCommit, "__call__", lambda self, *args, **kw: torch.zeros_like(args[3]))
+    s = settings(method="flash-cache", gen_length=16)
+    if path == "generate":
+        with pytest.raises(EngineError, match="stalled"):
+            engine.generate([PROMPTS[0]], s)
+    else:
+        with pytest.raises(RuntimeError, match="stalled"):
+            engine.submit(PROMPTS[0], s).result(timeout=120)
+    monkeypatch.setattr(CanvasCommit, "__call__", working)
+    assert len(engine.generate([PROMPTS[0]], s)[0].token_ids) > 0
