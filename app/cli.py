@@ -49,23 +49,45 @@ class Parser(argparse.ArgumentParser):
 MODEL_HELP = "model folder or Hugging Face repo id (default: the last one used, else the bundled model)"
 
 
-def add_load_arguments(p) -> None:
+LOAD_DEFAULTS = {"model": None, "device": None, "dtype": None, "kernels": None, "no_graphs": False}
+
+
+def add_load_arguments(p, subcommand: bool = False) -> None:
     """--model, --device, --dtype, --kernels and --no-graphs: how a command loads its model (generate, the app and
-    serve take the same five). A parser or an argument group."""
-    p.add_argument("--model", default=None, help=MODEL_HELP)
-    p.add_argument("--device", default=None, help="cuda, cuda:N, cpu or auto (default: cuda when available)")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default=None,
+    serve take the same five). A parser or an argument group. A subcommand's copies have no defaults of their
+    own, so that `flash-dllm-chat --model M generate` keeps the M given before the command (argparse would
+    otherwise overwrite it with the subcommand's default); `load_defaults` fills what neither gave."""
+    default = (lambda value: argparse.SUPPRESS) if subcommand else (lambda value: value)
+    p.add_argument("--model", default=default(None), help=MODEL_HELP)
+    p.add_argument("--device", default=default(None), help="cuda, cuda:N, cpu or auto (default: cuda when available)")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default=default(None),
                    help="weights dtype (default: bf16 on GPU, fp32 on CPU)")
-    p.add_argument("--kernels", choices=["auto", "triton", "torch"], default=None,
+    p.add_argument("--kernels", choices=["auto", "triton", "torch"], default=default(None),
                    help="kernel backend (default: triton on GPU, torch on CPU)")
-    p.add_argument("--no-graphs", action="store_true", help=NO_GRAPHS_HELP)
+    p.add_argument("--no-graphs", action="store_true", default=default(False), help=NO_GRAPHS_HELP)
+
+
+def load_defaults(args) -> None:
+    for name, value in LOAD_DEFAULTS.items():
+        if not hasattr(args, name):
+            setattr(args, name, value)
+
+
+def misplaced_app_flags(argv: list[str], command: str) -> list[str]:
+    """The chat app's own flags given before a subcommand (`--port 9000 serve`): argparse takes them for the
+    app and the command would silently run without them."""
+    if command not in argv:
+        return []
+    load_flags = {"--" + name.replace("_", "-") for name in LOAD_DEFAULTS}
+    return [arg.split("=")[0] for arg in argv[: argv.index(command)]
+            if arg.startswith("--") and arg.split("=")[0] not in load_flags]
 
 
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     from flash_dllm.engine import ACCEPTANCE_RULES, CACHE_MODES, METHODS, GenerationSettings
 
     d = GenerationSettings()
-    add_load_arguments(p)
+    add_load_arguments(p, subcommand=True)
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", help="the user message")
     source.add_argument("--batch-file", type=Path, help="a file with one prompt per line, decoded as one batch")
@@ -199,7 +221,7 @@ def model_on_disk(name: str) -> bool:
     """A model folder that exists, a bundled model's name, or a repo id with a complete copy in the cache."""
     from flash_dllm.engine import hub
 
-    if Path(name).expanduser().is_dir():
+    if Path(name).expanduser().is_dir() or hub.is_bundled_name(name):
         return True
     return any(name in (m.name, str(m.path)) for m in hub.list_cached_models())
 
@@ -360,6 +382,12 @@ def dispatch(argv: list[str]) -> int:
 
         launch.add_launch_arguments(parser)
     args = parser.parse_args(argv)
+    load_defaults(args)
+    misplaced = misplaced_app_flags(argv, args.command) if args.command else []
+    if misplaced:
+        raise CliError(f"{', '.join(misplaced)} before `{args.command}` is read as a flag of the chat app, not of "
+                       f"`{args.command}`; put the command's options after it (see flash-dllm-chat {args.command} "
+                       "--help)")
     if args.command == "generate":
         return run_generate(args)
     if args.command == "serve":

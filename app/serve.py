@@ -19,7 +19,7 @@ GRACE_S = 5.0  # after Ctrl-C, streams in flight get this long before they are c
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     from flash_dllm.app.cli import add_load_arguments
 
-    add_load_arguments(p)
+    add_load_arguments(p, subcommand=True)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     p.add_argument("--api-key", default=None, metavar="KEY",

@@ -195,6 +195,12 @@ def bundled_model_path() -> Path | None:
     return folders[0] if folders else None
 
 
+def is_bundled_name(text: str) -> bool:
+    """`bundled` or a bundled model's folder name, while that model is here (resolve_model takes these)."""
+    folders = _bundled_folders()
+    return bool(folders) and (text == "bundled" or any(text == f.name for f in folders))
+
+
 # ---- resolving and pulling -----------------------------------------------------------------------------------
 def resolve_model(name_or_path: str, progress: Progress | None = None) -> Path:
     """A local folder as is; a bundled model's name; else a repo id -> its cached snapshot (pulled if needed)."""

@@ -124,6 +124,14 @@ def test_last_model_is_remembered(tiny_dream, capsys):
     assert code == 0 and json.loads(out)["model"] == str(tiny_dream.resolve())
 
 
+def test_a_remembered_bundled_name_is_used_without_a_note(capsys):
+    """`--model bundled` is remembered as typed; the next run uses it quietly (it once said the model was gone)."""
+    assert run(["generate", "--model", "bundled", "--prompt", "Hi", *FAST], capsys)[0] == 0
+    assert load_app_settings()["last_model"] == "bundled"
+    code, out, err = run(["generate", "--prompt", "Hi", *FAST, "--json"], capsys)
+    assert code == 0 and "no longer" not in err and json.loads(out)["model"] == "bundled"
+
+
 @pytest.fixture
 def broken_models(tiny_llada, tmp_path):
     missing = shutil.copytree(tiny_llada, tmp_path / "missing-shard")
@@ -247,6 +255,26 @@ def stub_module(monkeypatch, name: str, **attributes) -> types.ModuleType:
     parent, _, child = name.rpartition(".")
     monkeypatch.setattr(importlib.import_module(parent), child, module, raising=False)
     return module
+
+
+def test_load_flags_before_the_command_are_kept(tiny_llada, tmp_path, capsys):
+    """`flash-dllm-chat --model M generate ...` (the usage line shows --model before COMMAND) loads M; argparse
+    used to overwrite it with the subcommand's default and answer with the bundled model."""
+    code, out, _ = run(["--model", str(tiny_llada), "generate", "--prompt", "Hello there", *FAST, "--json"], capsys)
+    before = json.loads(out)
+    after = json.loads(run(["generate", "--model", str(tiny_llada), "--prompt", "Hello there", *FAST, "--json"],
+                           capsys)[1])
+    assert code == 0 and before["model"] == after["model"] == str(tiny_llada)
+    assert before["token_ids"] == after["token_ids"]
+    code, out, err = run(["--model", str(tmp_path / "nothing-here"), "generate", "hi"], capsys)
+    assert code == 2 and "nothing-here" in out + err  # not silently the bundled model
+
+
+@pytest.mark.parametrize("argv,flag", [(["--port", "9000", "serve"], "--port"),
+                                       (["--share", "generate", "hi"], "--share")])
+def test_app_flags_before_a_command_are_refused_not_ignored(argv, flag, capsys):
+    code, out, err = run(argv, capsys)
+    assert code == 2 and flag in out + err and "after it" in out + err
 
 
 def test_no_command_launches_the_ui(monkeypatch, capsys):
