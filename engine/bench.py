@@ -91,6 +91,11 @@ def run_decode(args) -> int:
     cells_of(args)  # a bad method or batch size fails before any process starts
     if args.repeats < 1 or args.iterations < 1:
         raise ValueError("--repeats and --iterations must be at least 1")
+    if not args.model and not _on_gpu(args.device):
+        raise ValueError(f"random weights at {args.geometry or 'llada-8b'} geometry are a GPU benchmark (about 30 GB "
+                         "in fp32 on the CPU, minutes per step); on the CPU pass --model with a small model folder "
+                         "(the prompts are random tokens: a trained model may answer them in a step or two, a "
+                         "random-weight one decodes every cell)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     per_process = []
@@ -102,7 +107,9 @@ def run_decode(args) -> int:
             print(f"process {rotation + 1}/{args.repeats} ...", flush=True)
             done = subprocess.run(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
             if done.returncode != 0:
-                print(f"error: benchmark process {rotation + 1} failed (exit {done.returncode})", file=sys.stderr)
+                killed = " (killed: out of memory?)" if done.returncode in (-9, 137) else ""
+                print(f"error: benchmark process {rotation + 1} failed (exit {done.returncode}){killed}",
+                      file=sys.stderr)
                 return 1
             per_process.append(json.loads(target.read_text()))
     rows = aggregate(per_process)
@@ -115,6 +122,12 @@ def run_decode(args) -> int:
     print_table(rows, env)
     print(f"\nwrote {out / 'decode.csv'}, {out / 'decode.json'}, {out / 'decode.png'}")
     return 0
+
+
+def _on_gpu(device: str) -> bool:
+    import torch
+
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 def worker_argv(args) -> list[str]:

@@ -51,6 +51,26 @@ def test_bench_decode_rejects_bad_arguments_in_one_line(tiny_dream, tmp_path, ca
     assert code == 2 and err.startswith("error:") and message in err and len(err.strip().splitlines()) == 1
 
 
+def test_short_answers_are_generated_again_until_every_iteration_is_timed(tiny_dream, tmp_path, capsys):
+    """A 4-cell answer has 3 steady steps; 7 timed iterations take several generations (a trained model's
+    answers to random prompts end early the same way)."""
+    out = tmp_path / "bench"
+    code = main(["bench", "decode", "--model", str(tiny_dream), "--methods", "llada", "--prompt-length", "8",
+                 "--gen-length", "4", "--iterations", "7", "--repeats", "1", "--device", "cpu", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    row = json.loads((out / "decode.json").read_text())["rows"][0]
+    assert row["iterations_per_process"] == 7 and row["ms_per_iter_median"] > 0
+
+
+def test_full_geometry_on_the_cpu_is_refused_with_what_to_do_instead(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "decode", "--geometry", "dream-7b"]) == 2
+    err = capsys.readouterr().err
+    assert "GPU benchmark" in err and "--model" in err
+
+
 def test_bench_kernels_says_it_needs_a_gpu(capsys):
     assert main(["bench", "kernels"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
