@@ -20,7 +20,7 @@ workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 8)
 for stage in $stages; do
   echo "=== $stage $(date +%T)"
   case $stage in
-    decode-tests) timeout 300 python3 -m pytest -q --maxfail=4 -p no:cacheprovider tests/test_device_decoder.py -k cuda \
+    decode-tests) timeout 480 python3 -m pytest -q --maxfail=4 -p no:cacheprovider tests/test_device_decoder.py -k cuda \
                     2>&1 | tail -25 | tee "$out/decode-tests.log" ;;
     kernel-tests) timeout 400 python3 -m pytest -q -p no:cacheprovider --noconftest "${workers[@]}" \
                     tests/test_kernel_small_ops.py tests/test_kernel_scheduled_attention.py \
