@@ -4,8 +4,8 @@ At batch 1 on a GPU each small kernel costs a few microseconds of launch and tai
 a step is a few milliseconds: the bookkeeping around the forward (plan, predictions, commit, record) was about
 280 kernels for flash-cache and 450 for flash-verify before the commit became one kernel. This counts the
 operations that reach the dispatcher (views excluded) during one steady step on the CPU, each of the step's
-Triton kernels as its launches (commit, threshold select, greedy predictions), and holds each method under its budget so that the count
-only goes down. `-s` prints the counts.
+Triton kernels as its launches (commit, threshold select, greedy predictions), and holds each method under its
+budget so that the count only goes down. `-s` prints the counts.
 """
 from __future__ import annotations
 
