@@ -57,14 +57,17 @@ def add_load_arguments(p, subcommand: bool = False) -> None:
     serve take the same five). A parser or an argument group. A subcommand's copies have no defaults of their
     own, so that `flash-dllm-chat --model M generate` keeps the M given before the command (argparse would
     otherwise overwrite it with the subcommand's default); `load_defaults` fills what neither gave."""
-    default = (lambda value: argparse.SUPPRESS) if subcommand else (lambda value: value)
-    p.add_argument("--model", default=default(None), help=MODEL_HELP)
-    p.add_argument("--device", default=default(None), help="cuda, cuda:N, cpu or auto (default: cuda when available)")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default=default(None),
+    def default(name: str):
+        return argparse.SUPPRESS if subcommand else LOAD_DEFAULTS[name]
+
+    p.add_argument("--model", default=default("model"), help=MODEL_HELP)
+    p.add_argument("--device", default=default("device"),
+                   help="cuda, cuda:N, cpu or auto (default: cuda when available)")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default=default("dtype"),
                    help="weights dtype (default: bf16 on GPU, fp32 on CPU)")
-    p.add_argument("--kernels", choices=["auto", "triton", "torch"], default=default(None),
+    p.add_argument("--kernels", choices=["auto", "triton", "torch"], default=default("kernels"),
                    help="kernel backend (default: triton on GPU, torch on CPU)")
-    p.add_argument("--no-graphs", action="store_true", default=default(False), help=NO_GRAPHS_HELP)
+    p.add_argument("--no-graphs", action="store_true", default=default("no_graphs"), help=NO_GRAPHS_HELP)
 
 
 def load_defaults(args) -> None:

@@ -38,7 +38,7 @@ class DecodeStalled(RuntimeError):
 
 
 def check_progress(record: HostRecord) -> None:
-    """Raise DecodeStalled when an active sequence has taken more than STALL_STEPS(gen_len) steps. Every method
+    """Raise DecodeStalled when an active sequence has taken more than 2 * gen_len + 8 steps. Every method
     commits at least one cell per step while cells remain (threshold rules fall back to the best real token,
     quotas are at least one, schedules are at most gen_len steps), so only a broken step gets there; without
     this check it would decode forever."""

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import torch
 
 from flash_dllm.kernels.canvas_commit import CanvasCommit
-from flash_dllm.kernels.threshold_select import ThresholdSelect
 
 NOT_NEW = 1 << 40  # newly_rank of a cell not committed by the previous step
 UNLIMITED = 1 << 40  # max_steps of a method that decodes until no cell is masked
@@ -50,7 +49,6 @@ class DeviceCanvas:
     mask_id: int
     eos_id: int
     commit_kernel: CanvasCommit = field(default_factory=lambda: CanvasCommit("torch"))
-    select_kernel: ThresholdSelect = field(default_factory=lambda: ThresholdSelect("torch"))  # threshold methods
     columns: torch.Tensor | None = None  # [1, G] 0 .. G - 1, made once (an arange per use is a kernel each)
     positions: torch.Tensor | None = None  # [1, L] 0 .. L - 1, likewise
 
@@ -61,9 +59,9 @@ class DeviceCanvas:
             self.positions = torch.arange(self.tokens.shape[1] - 1, device=self.answer.device)[None, :]
 
     def use_kernels(self, backend: str) -> None:
-        """Commit and select with the Triton kernels ("triton") or their tensor-operation references ("torch")."""
+        """Commit with the Triton kernel ("triton") or its tensor-operation reference ("torch")."""
         if backend != self.commit_kernel.backend:
-            self.commit_kernel, self.select_kernel = CanvasCommit(backend), ThresholdSelect(backend)
+            self.commit_kernel = CanvasCommit(backend)
 
     @classmethod
     def allocate(cls, n_slots: int, slot_len: int, width: int, mask_id: int, eos_id: int, end_ids,

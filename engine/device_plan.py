@@ -25,6 +25,7 @@ from flash_dllm.engine.device_canvas import NOT_NEW, DeviceCanvas
 from flash_dllm.engine.packing import QueryPlan
 from flash_dllm.engine.sampling import Predictions, predict
 from flash_dllm.kernels.greedy_predict import GreedyPredict
+from flash_dllm.kernels.threshold_select import ThresholdSelect
 
 _FAR = 1 << 50  # priority of a position that is never tracked
 
@@ -63,11 +64,12 @@ def ensure_progress(cells: torch.Tensor, preds: Predictions, chosen: torch.Tenso
     return chosen | swap
 
 
-def select_by_threshold(canvas: DeviceCanvas, cells: torch.Tensor, preds: Predictions) -> torch.Tensor:
+def select_by_threshold(kernel: ThresholdSelect, canvas: DeviceCanvas, cells: torch.Tensor, preds: Predictions
+                        ) -> torch.Tensor:
     """threshold_select then ensure_progress, in one kernel on a GPU (kernels/threshold_select.py): the
     chosen candidates; the swapped-in fallback tokens and probabilities are written into `preds`."""
     shape = cells.shape
-    chosen, preds.tokens, preds.confidences = canvas.select_kernel(
+    chosen, preds.tokens, preds.confidences = kernel(
         cells, preds.confidences.view(shape), preds.tokens.view(shape), preds.fallback_tokens.view(shape),
         preds.fallback_confidences.view(shape), canvas.threshold, mask_id=canvas.mask_id)
     return chosen
@@ -99,11 +101,12 @@ class DeviceMethod:
     mask_id: int = -1
 
     greedy: GreedyPredict | None = None  # the greedy predictions' kernels (None: their tensor operations)
+    threshold_kernel: ThresholdSelect = ThresholdSelect("torch")  # the threshold methods' select
 
     def use_kernels(self, backend: str) -> None:
-        """Run greedy predictions with the Triton kernels ("triton") or their reference ("torch")."""
+        """Predict and select with the Triton kernels ("triton") or their references ("torch")."""
         if self.greedy is None or self.greedy.backend != backend:
-            self.greedy = GreedyPredict(backend)
+            self.greedy, self.threshold_kernel = GreedyPredict(backend), ThresholdSelect(backend)
 
     def bind(self, canvas: DeviceCanvas, official_end: bool) -> None:
         """Write the call's end rule and step limit into the canvas (constant for a session's every call)."""
@@ -208,7 +211,7 @@ class FlashCache(DeviceMethod):
         self.attended.copy_(torch.where(canvas.active[:, None], kept, self.attended))
 
     def select(self, canvas: DeviceCanvas, plan: QueryPlan, preds: Predictions) -> torch.Tensor:
-        return select_by_threshold(canvas, plan.cells, preds)
+        return select_by_threshold(self.threshold_kernel, canvas, plan.cells, preds)
 
 
 class BlockSchedule(DeviceMethod):
@@ -288,7 +291,7 @@ class FastDllm(BlockSchedule):
         return QueryPlan(in_query=in_query & canvas.active[:, None], cells=self.block_cells(canvas))
 
     def select(self, canvas: DeviceCanvas, plan: QueryPlan, preds: Predictions) -> torch.Tensor:
-        return select_by_threshold(canvas, plan.cells, preds)
+        return select_by_threshold(self.threshold_kernel, canvas, plan.cells, preds)
 
 
 class LladaTopK(DeviceMethod):

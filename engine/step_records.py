@@ -17,8 +17,9 @@ from flash_dllm.engine.device_canvas import DeviceCanvas
 from flash_dllm.engine.events import StepEvent
 
 RING = 4  # pinned host copies in flight; the loop reads a record at most two steps after it was written
-# [S] fields of the record in buffer order: the canvas's counters (in `write`'s order), then its flags
-COUNTERS = ("end", "gen_len", "accepted_total", "rejected_total", "steps", "forward_passes", "verify_passes")
+# [S] fields of the record in buffer order: the canvas's counters (record name: canvas attribute), then flags
+COUNTERS = {"end": "end", "gen_len": "gen_len", "accepted_total": "accepted", "rejected_total": "rejected",
+            "steps": "steps", "forward_passes": "forward_passes", "verify_passes": "verify_passes"}
 FLAGS = ("was_active", "active", "full_next", "official_end")
 
 
@@ -66,7 +67,7 @@ class StepRecords:
         S, G, C = canvas.n_slots, canvas.width, max(cap, 1)
         # Fields written together are neighbours, so one stacking kernel writes each group (see `write`).
         self.shapes = {"answer": (S, G), "cells": (S, readout), "verify_cells": (S, C), "verify_drafts": (S, C),
-                       "accepted": (S,), **{name: (S,) for name in COUNTERS + FLAGS}}
+                       "accepted": (S,), **{name: (S,) for name in (*COUNTERS, *FLAGS)}}
         sizes = {name: int(torch.Size(shape).numel()) for name, shape in self.shapes.items()}
         self.offsets, total = {}, 0
         for name, size in sizes.items():
@@ -77,7 +78,7 @@ class StepRecords:
         self.ints = torch.zeros(total, dtype=torch.int64, device=device)
         self.floats = torch.zeros((S, G), dtype=torch.float64, device=device)
         self._view(self.ints, "verify_cells").fill_(-1)  # methods without a verifier never write these
-        self._counters, self._flags = self._group(COUNTERS), self._group(FLAGS)
+        self._counters, self._flags = self._group(tuple(COUNTERS)), self._group(FLAGS)
         self._verify = self._group(("verify_cells", "verify_drafts"))
         pin = dict(pin_memory=True) if self.cuda else {}
         self.host_ints = [torch.zeros(total, dtype=torch.int64, **pin) for _ in range(RING)]
@@ -95,9 +96,7 @@ class StepRecords:
         """Device side, at the end of a step (inside a captured graph too)."""
         self._view(self.ints, "answer").copy_(canvas.answer)
         self._view(self.ints, "cells").copy_(cells)
-        counters = [canvas.end, canvas.gen_len, canvas.accepted, canvas.rejected, canvas.steps,
-                    canvas.forward_passes, canvas.verify_passes]
-        torch.stack(counters, out=self._counters)
+        torch.stack([getattr(canvas, attribute) for attribute in COUNTERS.values()], out=self._counters)
         self._flags.copy_(torch.stack([was_active, canvas.active, full_next, canvas.official_end]))
         if verify_cells is not None:
             torch.stack([verify_cells, verify_drafts], out=self._verify)
