@@ -56,11 +56,14 @@ class DecodeStep:
         return 4 * HEAD_DIM * self.n_heads * ROWS_PER_SEQ * sum(self.kv_lens)
 
 
-def graph_us_per_call(op: ScheduledAttention, step: DecodeStep) -> float:
-    """Median over REPLAYS of one graph replay of len(step.caches) calls, per call, in microseconds."""
+def graph_us_per_call(op: ScheduledAttention, step: DecodeStep, scored: bool = True) -> float:
+    """Median over REPLAYS of one graph replay of len(step.caches) calls, per call, in microseconds.
+    scored=False leaves the attention mass out (no score output)."""
+    score = step.score if scored else None
+
     def calls():
         for k_cache, v_cache in step.caches:
-            op(step.q, k_cache, v_cache, step.plan, step.score)
+            op(step.q, k_cache, v_cache, step.plan, score)
 
     calls()  # eager first: schedule, workspace, compile, autotune
     torch.cuda.synchronize()
@@ -77,15 +80,16 @@ def rel_err_vs_reference(op: ScheduledAttention, step: DecodeStep) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def bench(model: str, n_seqs: int, block_m: int, l2_bytes: int) -> None:
+def bench(model: str, n_seqs: int, block_m: int, l2_bytes: int, scored: bool) -> None:
     probe = DecodeStep(model, n_seqs, block_m, copies=1)
     copies = max(2, min(32, math.ceil(3 * l2_bytes / probe.bytes_read())))
     del probe
     step = DecodeStep(model, n_seqs, block_m, copies)
-    shape = f"B={n_seqs} rows={ROWS_PER_SEQ} kv~{sum(step.kv_lens) // n_seqs} bm={block_m}"
+    shape = (f"B={n_seqs} rows={ROWS_PER_SEQ} kv~{sum(step.kv_lens) // n_seqs} bm={block_m} "
+             f"{'mass on' if scored else 'mass off'}")
     print(f"\n{model} {shape} (graph of {copies} calls)", flush=True)
     auto = ScheduledAttention("triton", step.n_heads, step.n_kv_heads, HEAD_DIM)
-    chosen = auto.key_splits(step.q, step.plan, step.score)
+    chosen = auto.key_splits(step.q, step.plan, step.score if scored else None)
     variants = [("one-split", 1), (f"auto (n_splits={chosen})", None)]
     if n_seqs == 1:
         variants += [(f"forced n_splits={n}", n) for n in (2, 3, 4, 5, 6, 8) if n != chosen]
@@ -93,7 +97,7 @@ def bench(model: str, n_seqs: int, block_m: int, l2_bytes: int) -> None:
     for name, n_splits in variants:
         op = auto if n_splits is None else ScheduledAttention("triton", step.n_heads, step.n_kv_heads, HEAD_DIM,
                                                               n_splits=n_splits)
-        us = graph_us_per_call(op, step)
+        us = graph_us_per_call(op, step, scored)
         baseline = baseline or us
         err = rel_err_vs_reference(op, step)
         row = {"op": "scheduled_attention", "model": model, "shape": shape, "variant": name, "us": round(us, 2),
@@ -109,16 +113,21 @@ def main() -> None:
     parser.add_argument("--csv", help="write all measurements here")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--block-m", type=int, nargs="+", default=[64])
+    parser.add_argument("--mass", choices=("on", "off", "both"), default="on",
+                        help="attention mass of the 16 scored rows (the step's tracked-token scores)")
+    parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=list(MODELS))
     args = parser.parse_args()
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") == "1":
         sys.exit("bench_attention.py needs a CUDA device and TRITON_INTERPRET unset")
     props = torch.cuda.get_device_properties(0)
     print(f"{torch.cuda.get_device_name(0)}: {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MB; "
           f"median of {REPLAYS} graph replays", flush=True)
-    for model in MODELS:
+    mass = {"on": [True], "off": [False], "both": [True, False]}[args.mass]
+    for model in args.models:
         for n_seqs in args.batches:
             for block_m in args.block_m:
-                bench(model, n_seqs, block_m, props.L2_cache_size)
+                for scored in mass:
+                    bench(model, n_seqs, block_m, props.L2_cache_size, scored)
                 torch.cuda.empty_cache()
     if args.csv:
         from bench_kernels import device_env, write_rows_csv  # the project's one CSV writer

@@ -45,11 +45,29 @@ def test_cuda_graph_replay_equals_eager_and_the_reference_on_a_tiny_model(tmp_pa
         compare(engine, s)
 
 
+def _fp32_copy(model):
+    """The same weights in fp32 (the reference both bf16 paths are measured against)."""
+    f32 = lambda t: None if t is None else t.float()  # noqa: E731
+    layers = [dataclasses.replace(layer, **{f.name: f32(getattr(layer, f.name)) for f in dataclasses.fields(layer)
+                                            if isinstance(getattr(layer, f.name), torch.Tensor)})
+              for layer in model.layers]
+    return dataclasses.replace(model, embed=f32(model.embed), layers=layers, final_norm=f32(model.final_norm),
+                               lm_head=f32(model.lm_head))
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
 @needs_cuda
 def test_full_geometry_block_path_matches_forward_full_and_replays_as_graphs():
     """LLaDA-8B's geometry with a block-causal mask of 32 (bf16, random weights): the first step's logits (the
     ragged prompts prefilled block by block in one forward) match forward_full over the prefix, and the
-    graph-replayed decode equals the eager one."""
+    graph-replayed decode equals the eager one.
+
+    Both are measured against forward_full in fp32 on the same weights: the block path (bf16, Triton kernels)
+    must be as close to it as bf16 forward_full is (its rounding noise over 32 random layers is several
+    percent, so no fixed bound fits), and far closer than the same forward with the wrong, bidirectional mask."""
     from flash_dllm.engine.geometry import random_engine
 
     engine = random_engine("llada-8b", "cuda")
@@ -58,7 +76,10 @@ def test_full_geometry_block_path_matches_forward_full_and_replays_as_graphs():
     prompts = [[rng.randrange(1000, 100000) for _ in range(n)] for n in (800, 517)]
     s = GenerationSettings(method="block-diffusion", gen_length=64, block_length=32, seed=0, use_chat_template=False)
     try:
-        engine.generate(prompts, s)
+        (graph, _, run), (eager, _, _) = graph_and_eager(engine, prompts, s)
+        assert run.graph_replays > 0
+        assert [r.token_ids for r in graph] == [r.token_ids for r in eager]
+        engine.generate(prompts, s)  # builds the session (graph_and_eager leaves none)
         session = engine._decode[1]
         captured, logits_of = [], session._logits
         session._logits = lambda plan, layout, mask_prompt=False: captured.append(
@@ -66,21 +87,24 @@ def test_full_geometry_block_path_matches_forward_full_and_replays_as_graphs():
         engine.generate(prompts, s)
         del session._logits
         cells, tokens, logits = captured[0]
+        model = engine.model
+        reference = _fp32_copy(model)
         for slot, prompt in enumerate(prompts):
             row = [c for c in cells[slot].tolist() if c >= 0]
             end = (len(prompt) // 32 + 1) * 32
             at = [len(prompt) + c for c in row]
-            full = forward_full(engine.model, tokens[slot: slot + 1, :end])[0, at].float()
-            config = engine.model.config
-            engine.model.config = dataclasses.replace(config, block_size=None)  # the wrong, bidirectional mask
-            wrong = forward_full(engine.model, tokens[slot: slot + 1, :end])[0, at].float()
-            engine.model.config = config
+            ids = tokens[slot: slot + 1, :end]
+            with torch.no_grad():
+                exact = forward_full(reference, ids)[0, at].float()
+                full = forward_full(model, ids)[0, at].float()
+                config = model.config
+                reference.config = dataclasses.replace(config, block_size=None)  # the wrong, bidirectional mask
+                wrong = forward_full(reference, ids)[0, at].float()
+                reference.config = config
             got = logits.view(len(prompts), 32, -1)[slot, : len(row)].float()
-            error = (got - full).norm() / full.norm()
-            assert error < 5e-2 and error < 0.5 * (wrong - full).norm() / full.norm()
-        (graph, _, run), (eager, _, _) = graph_and_eager(engine, prompts, s)
-        assert run.graph_replays > 0
-        assert [r.token_ids for r in graph] == [r.token_ids for r in eager]
+            noise, error, mask_gap = _rel(full, exact), _rel(got, exact), _rel(wrong, exact)
+            print(f"slot {slot}: block path {error:.4f}, bf16 forward_full {noise:.4f}, wrong mask {mask_gap:.4f}")
+            assert error < 2 * max(noise, 1e-3) and error < 0.5 * mask_gap
     finally:
         del engine
         torch.cuda.empty_cache()
