@@ -5,8 +5,9 @@ tile height, the plan's static `max_kv_len` and which optional inputs are presen
 picks the split count, the grids and the workspace; later calls only launch, so a call can be captured in a
 CUDA graph and replayed with new plan tensor contents. Nothing here reads plan tensor values.
 
-The workspace is one grow-only fp32 buffer per device shared by all buckets (stream-ordered launches reuse
-it; do not run one op on two streams at once). A buffer that is outgrown stays alive, because a graph captured
+The workspace (partials, and with stored attention mass the score rows' logits: tiles x heads x tile height x
+max_kv_len floats, 21 MB for a chat step of LLaDA-8B over 1,312 keys) is one grow-only fp32 buffer per device
+shared by all buckets (stream-ordered launches reuse it; do not run one op on two streams at once). A buffer that is outgrown stays alive, because a graph captured
 earlier may still point into it.
 """
 from __future__ import annotations
@@ -62,15 +63,27 @@ class Bucket:
     acc_ws: torch.Tensor | None  # [parts, rows, heads, head_dim] fp32 partial outputs, unnormalised
     m_ws: torch.Tensor | None  # [parts, rows, heads] fp32 partial row max (log2 domain)
     l_ws: torch.Tensor | None  # [parts, rows, heads] fp32 partial row sum
+    logit_ws: torch.Tensor | None  # [tiles, heads, BLOCK_M, max_kv_len] fp32 score rows' logits (stored mass)
     split_meta: dict
     combine_meta: dict
 
 
+MASS_FROM = ("stored", "recompute")
+
+
 class TritonScheduledAttention:
-    """Split-KV scheduled attention for one head geometry; call as f(q, k_cache, v_cache, plan, score_out)."""
+    """Split-KV scheduled attention for one head geometry; call as f(q, k_cache, v_cache, plan, score_out).
+
+    mass_from: how a split call gets its attention mass. "stored": the split kernel writes the score rows'
+    logits to a workspace and the combine turns them into probabilities (no key is read twice);
+    "recompute": the combine computes the score rows' logits again from q and the keys (no workspace).
+    A one-split call always recomputes inside its one program (its keys are still in L2)."""
 
     def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, n_splits: int | None = None,
-                 n_sms: int | None = None):
+                 n_sms: int | None = None, mass_from: str = "stored"):
+        if mass_from not in MASS_FROM:
+            raise ValueError(f"mass_from must be one of {MASS_FROM}, got {mass_from!r}")
+        self.mass_from = mass_from
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.group = n_heads // n_kv_heads
         self.qk_scale_log2 = LOG2E / math.sqrt(head_dim)
@@ -108,20 +121,22 @@ class TritonScheduledAttention:
         score_query = _as_flags(plan.score_query) if has_score else q
         scores = score_out if has_score else q
         workspace = (bucket.acc_ws, bucket.m_ws, bucket.l_ws) if bucket.combine_grid else (q, q, q)
+        logits = bucket.logit_ws if bucket.logit_ws is not None else q
+        max_keys = plan.max_kv_len
         _attention_split_kernel[bucket.split_grid](
             q, k_cache, v_cache, out,
             plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len,
-            keep, plan.inq_start if has_inq else q, inq_mask, score_query, scores, *workspace,
+            keep, plan.inq_start if has_inq else q, inq_mask, score_query, scores, *workspace, logits,
             q.stride(0), k_cache.stride(0), v_cache.stride(0), out.stride(0), inq_mask.stride(0),
-            plan.block_m, self.group, bucket.n_splits, q.shape[0], self.qk_scale_log2, **meta,
+            plan.block_m, self.group, bucket.n_splits, q.shape[0], max_keys, self.qk_scale_log2, **meta,
         )
         if bucket.combine_grid:
             _attention_combine_kernel[bucket.combine_grid](
                 q, k_cache, out,
                 plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len,
-                keep, score_query, scores, *workspace,
+                keep, score_query, scores, *workspace, logits,
                 q.stride(0), k_cache.stride(0), out.stride(0),
-                plan.block_m, self.group, q.shape[0], self.qk_scale_log2, **bucket.combine_meta,
+                plan.block_m, self.group, q.shape[0], max_keys, self.qk_scale_log2, **bucket.combine_meta,
             )
         return out
 
@@ -141,23 +156,28 @@ class TritonScheduledAttention:
             "HAS_KEEP": key.has_keep, "UPCAST": interpreting(),
             "DOT_PRECISION": "ieee" if key.dtype == torch.float32 else "tf32",
         }
+        stored = key.has_score and not one_pass and self.mass_from == "stored"
         split_meta = {**common, "HAS_INQ": key.has_inq, "HAS_SCORE": key.has_score and one_pass,
-                      "ONE_PASS": one_pass}
-        combine_meta = {**common, "HAS_SCORE": key.has_score}
+                      "ONE_PASS": one_pass, "STORE_LOGITS": stored}
+        combine_meta = {**common, "HAS_SCORE": key.has_score, "STORED_LOGITS": stored}
         if one_pass:
-            return Bucket(1, 1, (key.n_tiles, self.n_heads, 1), None, None, None, None, split_meta, combine_meta)
+            return Bucket(1, 1, (key.n_tiles, self.n_heads, 1), None, None, None, None, None, split_meta,
+                          combine_meta)
         n_parts = n_splits + key.has_inq
         combine_meta["N_PARTS"] = n_parts
-        acc_ws, m_ws, l_ws = self._workspace(key.device, n_parts * key.n_rows * self.n_heads)
+        n_logits = key.n_tiles * self.n_heads * common["BLOCK_M"] * key.max_kv_len if stored else 0
+        acc_ws, m_ws, l_ws, logit_ws = self._workspace(key.device, n_parts * key.n_rows * self.n_heads, n_logits)
         row_chunks = common["BLOCK_M"] // COMBINE_ROWS.value
         mass_chunks = triton.cdiv(key.max_kv_len, MASS_KEYS.value) if key.has_score else 1
         combine_grid = (key.n_tiles, self.n_heads, max(row_chunks, mass_chunks))
         return Bucket(n_splits, n_parts, (key.n_tiles, self.n_heads, n_parts), combine_grid, acc_ws, m_ws, l_ws,
-                      split_meta, combine_meta)
+                      logit_ws if stored else None, split_meta, combine_meta)
 
-    def _workspace(self, device: torch.device, n_row_heads: int):
-        """Views (acc, row max, row sum) over the device's shared buffer, grown (never shrunk) to fit."""
-        need = n_row_heads * (self.head_dim + 2)
+    def _workspace(self, device: torch.device, n_row_heads: int, n_logits: int):
+        """Views (acc, row max, row sum, score-row logits) over the device's shared buffer, grown (never shrunk)
+        to fit."""
+        stats = n_row_heads * (self.head_dim + 2)
+        need = stats + n_logits
         buffer = self._workspaces.get(device)
         if buffer is None or buffer.numel() < need:
             if buffer is not None:
@@ -165,7 +185,7 @@ class TritonScheduledAttention:
             buffer = self._workspaces[device] = torch.empty(need, dtype=torch.float32, device=device)
         acc = buffer[: n_row_heads * self.head_dim]
         m = buffer[n_row_heads * self.head_dim : n_row_heads * (self.head_dim + 1)]
-        return acc, m, buffer[n_row_heads * (self.head_dim + 1) : need]
+        return acc, m, buffer[n_row_heads * (self.head_dim + 1) : stats], buffer[stats:need]
 
 
 def _sm_count(device: torch.device) -> int:

@@ -16,11 +16,14 @@ Two launches when the keys are split (flash-decoding style), one when they are n
   over parts unroll and their loads are issued together instead of one dependent round trip per part: at
   batch 1 the combine is a chain of memory latencies, not a bandwidth problem.
 
-Attention mass needs each query's final row max and sum. Every combine program z (or the one-pass program)
-recomputes, for key chunk z (MASS_KEYS keys; the one-pass program: all keys), the logits of the tile's
-score_query rows only, gathered 16 at a time, and atomically adds their probabilities into score_out (float
-atomics: the summation order, hence the low bits, varies from run to run on a GPU). Chunks of a fixed size,
-not the key splits, so that no program walks a long run of key blocks after the split kernel did.
+Attention mass needs each query's final row max and sum, known only after every part. Split calls: the split
+kernel stores the score_query rows' logits (-inf at excluded keys) to a workspace [tiles, heads, rank, key]
+(rank: the row's place among its tile's score rows), and combine program z turns those of key chunk z
+(MASS_KEYS keys) into probabilities with the merged stats: no key is read twice and no dot product repeated.
+(mass_from="recompute" instead recomputes the logits from q and the keys in the combine, gathered 16 rows at a
+time.) The one-pass program recomputes its score rows over all keys after its loop (its keys are still in L2).
+Probabilities are added into score_out with relaxed float atomics: the summation order, hence the low bits,
+varies from run to run on a GPU.
 
 Sequence lengths, tile counts and key counts are runtime values, so one compiled variant serves every step;
 only the tile height, the head dim, which optional inputs are present and ONE_PASS select a variant.
@@ -64,19 +67,20 @@ def _prune_configs(configs, named_args, **kwargs):
 
 # Tuned once per tile height / head dim / feature set / dtype; the step's lengths are not part of the key.
 # score_out is restored after every trial launch, since the one-pass variant accumulates into it.
-@triton.autotune(configs=_configs(), key=["BLOCK_M", "HEAD_DIM", "HAS_KEEP", "HAS_INQ", "HAS_SCORE", "ONE_PASS"],
+@triton.autotune(configs=_configs(), key=["BLOCK_M", "HEAD_DIM", "HAS_KEEP", "HAS_INQ", "HAS_SCORE", "ONE_PASS",
+                                          "STORE_LOGITS"],
                  prune_configs_by={"early_config_prune": _prune_configs}, restore_value=["score_out_ptr"])
-@triton.jit(do_not_specialize=["stride_inq", "tile_rows", "group", "n_splits", "n_rows"])
+@triton.jit(do_not_specialize=["stride_inq", "tile_rows", "group", "n_splits", "n_rows", "max_keys"])
 def _attention_split_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr,
     tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr, kv_start_ptr, kv_len_ptr,
     kv_keep_ptr, inq_start_ptr, inq_mask_ptr, score_query_ptr, score_out_ptr,
-    acc_ws_ptr, m_ws_ptr, l_ws_ptr,
+    acc_ws_ptr, m_ws_ptr, l_ws_ptr, logit_ws_ptr,
     stride_q, stride_k, stride_v, stride_out, stride_inq,
-    tile_rows, group, n_splits, n_rows, qk_scale_log2,
+    tile_rows, group, n_splits, n_rows, max_keys, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_KEEP: tl.constexpr, HAS_INQ: tl.constexpr, HAS_SCORE: tl.constexpr, ONE_PASS: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    STORE_LOGITS: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -96,11 +100,19 @@ def _attention_split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, hi = _split_range(part, n_splits, kv_len, KEY_GRANULE)  # empty for the in-query part
+    if STORE_LOGITS:  # the tile's score rows, by rank: their logits go to [tile, head, rank, key]
+        scored = tl.load(score_query_ptr + offs_m, mask=row_ok, other=0) != 0
+        rank = tl.cumsum(scored.to(tl.int32), axis=0) - 1
+        logit_rows = ((tile * tl.num_programs(1) + head).to(tl.int64) * BLOCK_M + rank) * max_keys
     for n0 in range(lo, hi, BLOCK_N):
         key_rows, key_ok = _cache_keys(kv_start, hi, n0, kv_keep_ptr, HAS_KEEP, BLOCK_N)
-        acc, m_i, l_i = _online_softmax_step(
+        acc, m_i, l_i, logits = _online_softmax_step(
             q, k_ptr, v_ptr, key_rows, key_ok, key_ok[None, :], stride_k, stride_v, kv_col, offs_d, d_ok,
             qk_scale_log2, acc, m_i, l_i, UPCAST, DOT_PRECISION)
+        if STORE_LOGITS:  # -inf at excluded keys, so they get no mass
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            tl.store(logit_ws_ptr + logit_rows[:, None] + offs_n[None, :], logits,
+                     mask=scored[:, None] & (offs_n < hi)[None, :])
     if HAS_INQ:
         if ONE_PASS:
             inq_part = 0  # the one program of the tile also walks the in-query keys
@@ -114,7 +126,7 @@ def _attention_split_kernel(
                 key_ok = offs_j < q_len
                 mask_ptrs = inq_mask_ptr + offs_m.to(tl.int64)[:, None] * stride_inq + offs_j[None, :]
                 chained = tl.load(mask_ptrs, mask=row_ok[:, None] & key_ok[None, :], other=0) != 0
-                acc, m_i, l_i = _online_softmax_step(
+                acc, m_i, l_i, _ = _online_softmax_step(
                     q, k_ptr, v_ptr, inq_start + offs_j, key_ok, chained, stride_k, stride_v, kv_col, offs_d,
                     d_ok, qk_scale_log2, acc, m_i, l_i, UPCAST, DOT_PRECISION)
 
@@ -137,22 +149,24 @@ def _attention_split_kernel(
         tl.store(acc_ws_ptr + ws_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.autotune(configs=_combine_configs(), key=["BLOCK_M", "HEAD_DIM", "HAS_KEEP", "HAS_SCORE", "N_PARTS"],
+@triton.autotune(configs=_combine_configs(), key=["BLOCK_M", "HEAD_DIM", "HAS_KEEP", "HAS_SCORE", "N_PARTS",
+                                                  "STORED_LOGITS"],
                  restore_value=["score_out_ptr"])
-@triton.jit(do_not_specialize=["tile_rows", "group", "n_rows"])
+@triton.jit(do_not_specialize=["tile_rows", "group", "n_rows", "max_keys"])
 def _attention_combine_kernel(
     q_ptr, k_ptr, out_ptr,
     tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr, kv_start_ptr, kv_len_ptr,
     kv_keep_ptr, score_query_ptr, score_out_ptr,
-    acc_ws_ptr, m_ws_ptr, l_ws_ptr,
+    acc_ws_ptr, m_ws_ptr, l_ws_ptr, logit_ws_ptr,
     stride_q, stride_k, stride_out,
-    tile_rows, group, n_rows, qk_scale_log2,
+    tile_rows, group, n_rows, max_keys, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    N_PARTS: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_SCORE: tl.constexpr, UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    N_PARTS: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_SCORE: tl.constexpr, STORED_LOGITS: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Program z merges output rows [16z, 16z + 16) of its tile (while z < BLOCK_M / 16) and, with attention
-    mass, recomputes the tile's score rows over cache keys [z * MASS_KEYS, (z + 1) * MASS_KEYS)."""
+    mass, scores the tile's score rows over cache keys [z * MASS_KEYS, (z + 1) * MASS_KEYS): from the logits
+    the split kernel stored (STORED_LOGITS), or by recomputing them."""
     tile = tl.program_id(0)
     head = tl.program_id(1)
     z = tl.program_id(2)
@@ -186,9 +200,15 @@ def _attention_combine_kernel(
             ws_row = offs_m.to(tl.int64) * tl.num_programs(1) + head
             m_f, l_f = _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok & scored, part_stride, N_PARTS,
                                          BLOCK_M)
-            _add_attention_mass(q_ptr, k_ptr, kv_keep_ptr, score_out_ptr, stride_q, stride_k, head * HEAD_DIM,
-                                (head // group) * HEAD_DIM, offs_m, scored, m_f, l_f, kv_start, lo, hi,
-                                qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_KEEP, UPCAST, DOT_PRECISION)
+            if STORED_LOGITS:
+                logit_base = (tile * tl.num_programs(1) + head).to(tl.int64) * BLOCK_M * max_keys
+                _add_stored_mass(logit_ws_ptr + logit_base, score_out_ptr, max_keys, scored, m_f, l_f, kv_start,
+                                 lo, hi, MASS_KEYS)
+            else:
+                _add_attention_mass(q_ptr, k_ptr, kv_keep_ptr, score_out_ptr, stride_q, stride_k, head * HEAD_DIM,
+                                    (head // group) * HEAD_DIM, offs_m, scored, m_f, l_f, kv_start, lo, hi,
+                                    qk_scale_log2, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_KEEP, UPCAST,
+                                    DOT_PRECISION)
 
 
 @triton.jit
@@ -264,7 +284,8 @@ def _scaled_logits(q, k_ptr, key_rows, key_ok, visible, stride_k, kv_col, offs_d
 @triton.jit
 def _online_softmax_step(q, k_ptr, v_ptr, key_rows, key_ok, visible, stride_k, stride_v, kv_col, offs_d, d_ok,
                          qk_scale_log2, acc, m_i, l_i, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Fold one block of keys into the running (acc, row max, row sum); all-masked rows stay at zero."""
+    """Fold one block of keys into the running (acc, row max, row sum); all-masked rows stay at zero. Also
+    returns the block's scaled logits (-inf where not visible)."""
     logits = _scaled_logits(q, k_ptr, key_rows, key_ok, visible, stride_k, kv_col, offs_d, d_ok, qk_scale_log2,
                             UPCAST, DOT_PRECISION)
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
@@ -276,7 +297,7 @@ def _online_softmax_step(q, k_ptr, v_ptr, key_rows, key_ok, visible, stride_k, s
     if UPCAST:
         v = v.to(tl.float32)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, m_new, alpha * l_i + tl.sum(p, axis=1)
+    return acc, m_new, alpha * l_i + tl.sum(p, axis=1), logits
 
 
 @triton.jit
@@ -314,6 +335,30 @@ def _add_attention_mass(q_ptr, k_ptr, kv_keep_ptr, score_out_ptr, stride_q, stri
             probs = tl.exp2(logits - m_c[:, None]) * inv_l_c[:, None]
             # relaxed: nothing here orders other memory; the default acq_rel fences every add
             tl.atomic_add(score_out_ptr + key_rows, tl.sum(probs, axis=0), mask=key_ok, sem="relaxed")
+
+
+@triton.jit
+def _add_stored_mass(logit_ptr, score_out_ptr, max_keys, scored, m_f, l_f, kv_start, lo, hi,
+                     BLOCK_K: tl.constexpr):
+    """score_out[key] += sum over the tile's score rows of p(row -> key), for cache keys in [lo, hi), from the
+    logits the split kernel stored at logit_ptr[rank * max_keys + key] (rank: the row's place among the tile's
+    score rows, the same cumsum as there). No key or query is read again."""
+    rank = tl.cumsum(scored.to(tl.int32), axis=0) - 1
+    n_scored = tl.sum(scored.to(tl.int32), axis=0)
+    keys = lo + tl.arange(0, BLOCK_K)
+    key_ok = keys < hi
+    total = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for s0 in range(0, n_scored, SCORE_ROWS):
+        slot = s0 + tl.arange(0, SCORE_ROWS)
+        pick = scored[None, :] & (rank[None, :] == slot[:, None])  # [SCORE_ROWS, BLOCK_M]
+        m_c = tl.sum(tl.where(pick, m_f[None, :], 0.0), axis=1)
+        l_c = tl.sum(tl.where(pick, l_f[None, :], 0.0), axis=1)
+        live = (slot < n_scored) & (l_c > 0.0)  # a row that saw no key has no distribution to add
+        logits = tl.load(logit_ptr + slot.to(tl.int64)[:, None] * max_keys + keys[None, :],
+                         mask=live[:, None] & key_ok[None, :], other=float("-inf"))
+        probs = tl.exp2(logits - tl.where(live, m_c, 0.0)[:, None]) * (1.0 / tl.maximum(l_c, 1.0))[:, None]
+        total += tl.sum(probs, axis=0)
+    tl.atomic_add(score_out_ptr + kv_start + keys, total, mask=key_ok & (n_scored > 0), sem="relaxed")
 
 
 # bench_kernels.py reads .best_config of the kernel that serves the one-split (many tiles) case.

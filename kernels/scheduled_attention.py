@@ -221,11 +221,13 @@ class ScheduledAttention:
     backend "torch" runs the reference loop; "triton" the split-KV kernels (Triton is imported here, once).
     check_inputs=True validates shapes, dtypes and strides on every call (host metadata only, no device
     synchronisation); off, a call does a dict lookup and its launches. n_splits pins the key-split count and
-    n_sms the SM count it is chosen for (tests, benchmarks); by default it is chosen per plan shape.
+    n_sms the SM count it is chosen for (tests, benchmarks); by default it is chosen per plan shape. mass_from
+    ("stored" or "recompute") says how a split call's combine gets the score rows' logits for attention mass
+    (_scheduled_attention_launcher.py); both give the reference's mass.
     """
 
     def __init__(self, backend: str, n_heads: int, n_kv_heads: int, head_dim: int, check_inputs: bool = False,
-                 n_splits: int | None = None, n_sms: int | None = None):
+                 n_splits: int | None = None, n_sms: int | None = None, mass_from: str = "stored"):
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv_heads}")
         self.backend, self.n_heads, self.n_kv_heads, self.head_dim = backend, n_heads, n_kv_heads, head_dim
@@ -236,7 +238,8 @@ class ScheduledAttention:
         elif backend == "triton":
             from ._scheduled_attention_launcher import TritonScheduledAttention  # imports triton
 
-            self.triton = TritonScheduledAttention(n_heads, n_kv_heads, head_dim, n_splits=n_splits, n_sms=n_sms)
+            self.triton = TritonScheduledAttention(n_heads, n_kv_heads, head_dim, n_splits=n_splits, n_sms=n_sms,
+                                                   mass_from=mass_from)
             self._run = self.triton
         else:
             raise ValueError(f"unknown kernel backend {backend!r}")

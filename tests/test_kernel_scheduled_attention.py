@@ -173,11 +173,12 @@ def test_in_query_keys_with_random_mask(n_splits):
     assert rel_err(out, batch.run(batch.op(n_splits))[0]) > 1e-2
 
 
+@pytest.mark.parametrize("mass_from", ["stored", "recompute"])
 @pytest.mark.parametrize("n_splits", SPLITS)
-def test_score_out_accumulates_attention_mass(n_splits):
+def test_score_out_accumulates_attention_mass(n_splits, mass_from):
     batch = Batch([1, 37, 70], [50, 200, 129], 4, 2, 16, torch.float32, keep_prob=0.2, in_query=True,
                   score_prob=0.4)
-    _, _, score, score_ref = check(batch, batch.op(n_splits), with_score=True)
+    _, _, score, score_ref = check(batch, batch.op(n_splits, mass_from=mass_from), with_score=True)
     added = score - batch.score_init
     assert added.sum() > 0
     untouched = torch.ones_like(added, dtype=torch.bool)
