@@ -1,7 +1,8 @@
 """GPU benchmark of scheduled attention at Flash-Cache decode shapes: split-KV (auto split count) vs one split.
 
 Batch 1, 8 and 32; 128 query rows per sequence, the first 16 scored (attention mass on); 1,250..1,350 cached
-keys per sequence (mean ~1,300) in 2,048-key slots of a static plan; 5% of cache rows excluded; LLaDA-8B
+keys per sequence (mean ~1,300) in 2,048-key slots of a static plan bounded at 1,352 keys (as the engine bounds it
+ by the slot length); 5% of cache rows excluded; LLaDA-8B
 (32 query / 32 KV heads) and Dream-7B (28 / 4) geometry, head dim 128, bf16.
 
 Timing: one CUDA graph holds `calls` back-to-back calls over rotating cache copies (like a step's layers; the
@@ -26,6 +27,7 @@ from flash_dllm.kernels.scheduled_attention import ScheduledAttention, scheduled
 
 MODELS = {"llada-8b": (32, 32), "dream-7b": (28, 4)}  # query heads, KV heads
 HEAD_DIM, ROWS_PER_SEQ, SCORED_ROWS, SLOT = 128, 128, 16, 2048
+MAX_KV = 1352  # the plan's static bound on kv_len, like the engine's slot length (prompt + answer): sets "auto"
 REPLAYS = 200
 ROWS: list[dict] = []
 
@@ -44,7 +46,7 @@ class DecodeStep:
         ints = lambda values: torch.tensor(values, dtype=torch.int32, device="cuda")  # noqa: E731
         keep = (torch.rand(n_seqs * SLOT, generator=gen) > 0.05).to("cuda", torch.int8)
         score_query = (torch.arange(n_seqs * ROWS_PER_SEQ) % ROWS_PER_SEQ < SCORED_ROWS).to("cuda")
-        self.plan = static_plan(n_seqs, ROWS_PER_SEQ, block_m, SLOT, ints([ROWS_PER_SEQ] * n_seqs),
+        self.plan = static_plan(n_seqs, ROWS_PER_SEQ, block_m, MAX_KV, ints([ROWS_PER_SEQ] * n_seqs),
                                 ints([b * SLOT for b in range(n_seqs)]), ints(self.kv_lens), "cuda", kv_keep=keep,
                                 score_query=score_query)
         self.score = torch.zeros(n_seqs * SLOT, device="cuda")
