@@ -1,9 +1,9 @@
 """GPU benchmark of scheduled attention at Flash-Cache decode shapes: split-KV (auto split count) vs one split.
 
 Batch 1, 8 and 32; 128 query rows per sequence, the first 16 scored (attention mass on); 1,250..1,350 cached
-keys per sequence (mean ~1,300) in 2,048-key slots of a static plan bounded at 1,352 keys (as the engine bounds it
- by the slot length); 5% of cache rows excluded; LLaDA-8B
-(32 query / 32 KV heads) and Dream-7B (28 / 4) geometry, head dim 128, bf16.
+keys per sequence (mean ~1,300) in 2,048-key slots of a static plan bounded at 1,352 keys (as the engine bounds
+it by the slot length); 5% of cache rows excluded; LLaDA-8B (32 query / 32 KV heads) and Dream-7B (28 / 4)
+geometry, head dim 128, bf16.
 
 Timing: one CUDA graph holds `calls` back-to-back calls over rotating cache copies (like a step's layers; the
 copies together exceed L2, so keys come from HBM as they would); 200 replays, each timed with CUDA events; the
