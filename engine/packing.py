@@ -20,18 +20,7 @@ from flash_dllm.engine.device_canvas import DeviceCanvas
 from flash_dllm.engine.model import CachedStep, DiffusionLM
 from flash_dllm.kernels.scheduled_attention import AttentionPlan
 
-ATTENTION_BLOCK_M = 64  # query rows per attention tile of a forward of several sequences
-SINGLE_SEQUENCE_BLOCK_M = 128  # the most rows one tile of a single-sequence forward covers
-
-
-def tile_height(layout: "Layout") -> int:
-    """Query rows per attention tile. A forward of one sequence (a chat's step) has too few tiles to fill the
-    GPU, so the attention splits its keys instead; a tile over all of the sequence's rows (up to 128) then reads
-    each key once, where 64-row tiles read it once per tile and add partials to combine."""
-    if len(layout.budgets) == 1:
-        rows = layout.budgets[0]
-        return min(SINGLE_SEQUENCE_BLOCK_M, max(16, 1 << max(rows - 1, 0).bit_length()))
-    return ATTENTION_BLOCK_M
+ATTENTION_BLOCK_M = 64  # query rows per attention tile
 
 
 class KVCache:
@@ -137,14 +126,12 @@ class LayoutTensors:
     tile_seq: torch.Tensor  # [T] int32
     tile_q0: torch.Tensor  # [T] int32
     all_slots: bool
-    block_m: int  # query rows per attention tile (tile_height)
 
 
 def layout_tensors(layout: Layout, n_slots: int, device) -> LayoutTensors:
     tile_seq, tile_q0 = [], []
-    block_m = tile_height(layout)
     for i, (offset, budget) in enumerate(zip(layout.offsets, layout.budgets)):
-        for t0 in range(0, budget, block_m):
+        for t0 in range(0, budget, ATTENTION_BLOCK_M):
             tile_seq.append(i)
             tile_q0.append(offset + t0)
     i32 = dict(dtype=torch.int32, device=device)
@@ -153,8 +140,7 @@ def layout_tensors(layout: Layout, n_slots: int, device) -> LayoutTensors:
         offsets=torch.tensor(layout.offsets, device=device)[:, None],
         budgets=torch.tensor(layout.budgets, device=device)[:, None],
         q_start=torch.tensor(layout.offsets, **i32), tile_seq=torch.tensor(tile_seq, **i32),
-        tile_q0=torch.tensor(tile_q0, **i32), all_slots=not layout.dynamic and layout.slots == tuple(range(n_slots)),
-        block_m=block_m)
+        tile_q0=torch.tensor(tile_q0, **i32), all_slots=not layout.dynamic and layout.slots == tuple(range(n_slots)))
 
 
 def attention_plan(lt: LayoutTensors, q_len: torch.Tensor, kv_start: torch.Tensor, kv_len: torch.Tensor,
@@ -162,7 +148,7 @@ def attention_plan(lt: LayoutTensors, q_len: torch.Tensor, kv_start: torch.Tenso
     """The scheduled-attention plan of a layout: its fixed tile table, per-slot lengths as device tensors."""
     return AttentionPlan(
         q_start=lt.q_start, q_len=q_len.to(torch.int32), kv_start=kv_start.to(torch.int32),
-        kv_len=kv_len.to(torch.int32), tile_seq=lt.tile_seq, tile_q0=lt.tile_q0, block_m=lt.block_m,
+        kv_len=kv_len.to(torch.int32), tile_seq=lt.tile_seq, tile_q0=lt.tile_q0, block_m=ATTENTION_BLOCK_M,
         max_kv_len=max_kv_len, host_q_len=None, host_kv_len=None, host_q_start=None, host_kv_start=None,
         kv_keep=kv_keep, inq_start=inq_start.to(torch.int32) if inq_start is not None else None, inq_mask=inq_mask,
         host_inq_start=None, score_query=score_query)
