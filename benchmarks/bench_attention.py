@@ -8,8 +8,8 @@ geometry, head dim 128, bf16.
 Timing: one CUDA graph holds `calls` back-to-back calls over rotating cache copies (like a step's layers; the
 copies together exceed L2, so keys come from HBM as they would); 200 replays, each timed with CUDA events; the
 median replay time divided by `calls` is printed as microseconds per call. "one-split" pins n_splits=1, the
-(query tiles x heads) grid of the previous kernel; "auto" is the op's own choice (attention mass from the
-logits the split kernel stored; "mass recomputed": from q and the keys again); at batch 1 a sweep of forced
+(query tiles x heads) grid of the previous kernel; "auto" is the op's own choice (attention mass recomputed
+from q and the keys; "mass stored": from the logits the split kernel stored); at batch 1 a sweep of forced
 split counts shows where the choice sits.
 Usage: python3 benchmarks/bench_attention.py [--csv PATH] [--block-m 64 ...]  (CUDA; TRITON_INTERPRET unset)
 """
@@ -93,11 +93,11 @@ def bench(model: str, n_seqs: int, block_m: int, l2_bytes: int, scored: bool) ->
     print(f"\n{model} {shape} (graph of {copies} calls)", flush=True)
     auto = ScheduledAttention("triton", step.n_heads, step.n_kv_heads, HEAD_DIM)
     chosen = auto.key_splits(step.q, step.plan, step.score if scored else None)
-    variants = [("one-split", 1, "stored"), (f"auto (n_splits={chosen})", None, "stored")]
+    variants = [("one-split", 1, "recompute"), (f"auto (n_splits={chosen})", None, "recompute")]
     if scored:
-        variants.append(("auto, mass recomputed", None, "recompute"))
+        variants.append(("auto, mass stored", None, "stored"))
     if n_seqs == 1:
-        variants += [(f"forced n_splits={n}", n, "stored") for n in (2, 3, 4, 5, 6, 8) if n != chosen]
+        variants += [(f"forced n_splits={n}", n, "recompute") for n in (2, 3, 4, 5, 6, 8) if n != chosen]
     baseline = None
     for name, n_splits, mass_from in variants:
         op = auto if name.startswith("auto (") else ScheduledAttention(

@@ -16,12 +16,13 @@ Two launches when the keys are split (flash-decoding style), one when they are n
   over parts unroll and their loads are issued together instead of one dependent round trip per part: at
   batch 1 the combine is a chain of memory latencies, not a bandwidth problem.
 
-Attention mass needs each query's final row max and sum, known only after every part. Split calls: the split
-kernel stores the score_query rows' logits (-inf at excluded keys) to a workspace [tiles, heads, rank, key]
-(rank: the row's place among its tile's score rows), and combine program z turns those of key chunk z
-(MASS_KEYS keys) into probabilities with the merged stats: no key is read twice and no dot product repeated.
-(mass_from="recompute" instead recomputes the logits from q and the keys in the combine, gathered 16 rows at a
-time.) The one-pass program recomputes its score rows over all keys after its loop (its keys are still in L2).
+Attention mass needs each query's final row max and sum, known only after every part. Split calls: combine
+program z recomputes the score_query rows' logits over key chunk z (MASS_KEYS keys) from q and the keys,
+gathered 16 rows at a time, and adds their probabilities under the merged stats. With STORE_LOGITS
+(mass_from="stored") the split kernel instead stores those rows' logits (-inf at excluded keys) to a workspace
+[tiles, heads, rank, key] (rank: the row's place among its tile's score rows) and the combine only exponentiates
+them: the combine gets cheaper by about what the split kernel's masked stores add. The one-pass program
+recomputes its score rows over all keys after its loop (its keys are still in L2).
 Probabilities are added into score_out with relaxed float atomics: the summation order, hence the low bits,
 varies from run to run on a GPU.
 

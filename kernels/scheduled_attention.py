@@ -222,12 +222,12 @@ class ScheduledAttention:
     check_inputs=True validates shapes, dtypes and strides on every call (host metadata only, no device
     synchronisation); off, a call does a dict lookup and its launches. n_splits pins the key-split count and
     n_sms the SM count it is chosen for (tests, benchmarks); by default it is chosen per plan shape. mass_from
-    ("stored" or "recompute") says how a split call's combine gets the score rows' logits for attention mass
-    (_scheduled_attention_launcher.py); both give the reference's mass.
+    ("recompute", the default, or "stored") says how a split call's combine gets the score rows' logits for
+    attention mass (_scheduled_attention_launcher.py); both give the reference's mass.
     """
 
     def __init__(self, backend: str, n_heads: int, n_kv_heads: int, head_dim: int, check_inputs: bool = False,
-                 n_splits: int | None = None, n_sms: int | None = None, mass_from: str = "stored"):
+                 n_splits: int | None = None, n_sms: int | None = None, mass_from: str = "recompute"):
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv_heads}")
         self.backend, self.n_heads, self.n_kv_heads, self.head_dim = backend, n_heads, n_kv_heads, head_dim

@@ -210,16 +210,17 @@ def test_static_plan_matches_reference(n_heads, n_kv_heads, n_splits):
     check(batch, batch.op(n_splits), with_score=True)
 
 
-def test_static_plan_ignores_padding_contents():
+@pytest.mark.parametrize("mass_from", ["recompute", "stored"])
+def test_static_plan_ignores_padding_contents(mass_from):
     """NaN vs large finite padding (queries, unused cache and scratch rows), padding rows flagged as score
     rows and as seeing every in-query key or not: the real rows' outputs and score_out do not change."""
     results = []
     for fill, pad_flag in ((float("nan"), True), (1e4, False)):
         batch = StaticBatch([13, 3], [150, 600], 32, 640, 4, 2, 16, torch.float32, keep_prob=0.1, in_query=True,
                             score_prob=0.3, fill=fill, pad_flag=pad_flag)
-        out, score = batch.run(batch.op(3), with_score=True)
+        out, score = batch.run(batch.op(3, mass_from=mass_from), with_score=True)
         results.append((out[batch.valid], score))
-        check(batch, batch.op(3), with_score=True)
+        check(batch, batch.op(3, mass_from=mass_from), with_score=True)
     assert torch.equal(results[0][0], results[1][0])
     if DEVICE == "cpu":  # the interpreter adds in program order; GPU atomics do not
         assert torch.equal(results[0][1], results[1][1])

@@ -80,11 +80,10 @@ def compile_fused_qkv(log, capability: int) -> None:
 
 
 def compile_scheduled_attention(log, capability: int) -> None:
-    """The engine's tile heights (a batch's 64 rows, a single sequence's up to 128) with the feature sets the
-    engine launches: plain, attention mass (Flash-Cache), kept keys + in-query keys (Flash-Verify); 128 tokens
-    over a 4096-key context split the keys (two kernels; with attention mass the split kernel stores the score
-    rows' logits), 4096 tokens fill the GPU in one pass."""
-    from flash_dllm.engine.packing import ATTENTION_BLOCK_M, Layout, tile_height
+    """The engine's tile height with the feature sets the engine launches:
+    plain, attention mass (Flash-Cache), kept keys + in-query keys (Flash-Verify); 128 tokens over a 4096-key
+    context split the keys (two kernels), 4096 tokens fill the GPU in one pass."""
+    from flash_dllm.engine.packing import ATTENTION_BLOCK_M
     from flash_dllm.kernels._scheduled_attention_launcher import TritonScheduledAttention
     from flash_dllm.kernels.scheduled_attention import build_plan
 
@@ -97,13 +96,11 @@ def compile_scheduled_attention(log, capability: int) -> None:
             features = {"plain": {}, "score": dict(score_query=meta(n_tokens, dtype=torch.bool)),
                         "keep+inq": dict(kv_keep=meta(rows, dtype=torch.bool), inq_starts=[context],
                                          inq_mask=meta(n_tokens, n_tokens, dtype=torch.bool))}
-            for block_m in sorted({ATTENTION_BLOCK_M, tile_height(Layout((0,), (n_tokens,)))}):
-                for name, extra in features.items():
-                    plan = build_plan([n_tokens], [0], [context], "meta", block_m=block_m, **extra)
-                    splits = op.bucket(q, plan, meta(rows, dtype=torch.float32)).n_splits
-                    log.choice = (f"scheduled_attention {name} {model} {n_tokens} tokens, {block_m}-row tiles "
-                                  f"({splits} splits)")
-                    op(q, k_cache, v_cache, plan, meta(rows, dtype=torch.float32) if name == "score" else None)
+            for name, extra in features.items():
+                plan = build_plan([n_tokens], [0], [context], "meta", block_m=ATTENTION_BLOCK_M, **extra)
+                splits = op.bucket(q, plan, meta(rows, dtype=torch.float32)).n_splits
+                log.choice = f"scheduled_attention {name} {model} {n_tokens} tokens ({splits} splits)"
+                op(q, k_cache, v_cache, plan, meta(rows, dtype=torch.float32) if name == "score" else None)
 
 
 def compile_small_ops(log, capability: int) -> None:
@@ -185,5 +182,5 @@ def test_kernels_compile_for_gpus(capability, family):
     assert not failures, "\n".join(failures)
     choices = {k.choice.split(" (")[0] for k in kernels}
     paths = len(fused_qkv_paths_on(capability)) if family == "fused_qkv" else 1
-    variants = {"scheduled_attention": 3 * 2}.get(family, 1)  # feature sets x tile heights
+    variants = {"scheduled_attention": 3}.get(family, 1)  # feature sets
     assert len(choices) == paths * variants * len(MODELS) * len(TOKEN_COUNTS), sorted(choices)
