@@ -17,19 +17,11 @@ import math
 import torch
 import torch.nn.functional as F
 
+from flash_dllm.engine.bench_worker import copy_bandwidth_gbs
 from flash_dllm.kernels import graph_replay_ms
 
 D, FFN, VOCAB = 4096, 12288, 126464
 SHAPES = {"o_proj": (D, D), "gate_up": (2 * FFN, D), "down": (D, FFN), "lm_head": (VOCAB, D)}  # (N, K)
-
-
-def copy_gbs() -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dst.copy_(src)
-    return 2 * src.numel() / (graph_replay_ms(graph, 50) * 1e-3) / 1e9
 
 
 def us_per_call(rows: int, n: int, k: int, l2_bytes: int) -> float:
@@ -54,7 +46,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[16, 32, 128])
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
-    bandwidth = copy_gbs()
+    bandwidth = copy_bandwidth_gbs(torch.device("cuda"))  # the same measure as `bench decode`
     print(f"{torch.cuda.get_device_name(0)} | torch {torch.__version__} | copy {bandwidth:.0f} GB/s; "
           f"median of 200 graph replays per call", flush=True)
     for library in ("cublas", "cublaslt"):
