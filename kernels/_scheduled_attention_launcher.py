@@ -6,9 +6,9 @@ picks the split count, the grids and the workspace; later calls only launch, so 
 CUDA graph and replayed with new plan tensor contents. Nothing here reads plan tensor values.
 
 The workspace (partials, and with stored attention mass the score rows' logits: tiles x heads x tile height x
-max_kv_len floats, 21 MB for a chat step of LLaDA-8B over 1,312 keys at 64-row tiles) is one grow-only fp32 buffer per device
-shared by all buckets (stream-ordered launches reuse it; do not run one op on two streams at once). A buffer that is outgrown stays alive, because a graph captured
-earlier may still point into it.
+max_kv_len floats, 21 MB for a chat step of LLaDA-8B over 1,312 keys) is one grow-only fp32 buffer per device
+shared by all buckets (stream-ordered launches reuse it; do not run one op on two streams at once). A buffer
+that is outgrown stays alive, because a graph captured earlier may still point into it.
 """
 from __future__ import annotations
 
@@ -75,10 +75,10 @@ class TritonScheduledAttention:
     """Split-KV scheduled attention for one head geometry; call as f(q, k_cache, v_cache, plan, score_out).
 
     mass_from: how a split call gets its attention mass. "recompute" (default): the combine computes the score
-    rows' logits again from q and the keys (no workspace). "stored": the split kernel writes them to a
-    workspace and the combine only turns them into probabilities. On the H200 at batch 1 the two cost the same
-    per call (benchmarks/README.md, 2026-12-05 fourth session): storing takes from the combine what it adds to
-    the split kernel. A one-split call always recomputes inside its one program (its keys are still in L2)."""
+    rows' logits again from q and the keys (no workspace). "stored": the split kernel also scores the score rows
+    against each key block it loads and writes their logits to a workspace; the combine only exponentiates them.
+    Which is faster at which shape is for `benchmarks/bench_attention.py` to say (record: benchmarks/README.md).
+    A one-split call always recomputes inside its one program (its keys are still in L2)."""
 
     def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, n_splits: int | None = None,
                  n_sms: int | None = None, mass_from: str = "recompute"):

@@ -19,10 +19,10 @@ Two launches when the keys are split (flash-decoding style), one when they are n
 Attention mass needs each query's final row max and sum, known only after every part. Split calls: combine
 program z recomputes the score_query rows' logits over key chunk z (MASS_KEYS keys) from q and the keys,
 gathered 16 rows at a time, and adds their probabilities under the merged stats. With STORE_LOGITS
-(mass_from="stored") the split kernel instead stores those rows' logits (-inf at excluded keys) to a workspace
-[tiles, heads, rank, key] (rank: the row's place among its tile's score rows) and the combine only exponentiates
-them: the combine gets cheaper by about what the split kernel's masked stores add. The one-pass program
-recomputes its score rows over all keys after its loop (its keys are still in L2).
+(mass_from="stored") the split kernel instead scores those rows once more against each key block it has loaded
+(a 16-row dot) and stores their logits (-inf at excluded keys) densely to a workspace [tiles, heads, rank,
+key] (rank: the row's place among its tile's score rows); the combine then only exponentiates them. The
+one-pass program recomputes its score rows over all keys after its loop (its keys are still in L2).
 Probabilities are added into score_out with relaxed float atomics: the summation order, hence the low bits,
 varies from run to run on a GPU.
 
@@ -104,16 +104,17 @@ def _attention_split_kernel(
     if STORE_LOGITS:  # the tile's score rows, by rank: their logits go to [tile, head, rank, key]
         scored = tl.load(score_query_ptr + offs_m, mask=row_ok, other=0) != 0
         rank = tl.cumsum(scored.to(tl.int32), axis=0) - 1
-        logit_rows = ((tile * tl.num_programs(1) + head).to(tl.int64) * BLOCK_M + rank) * max_keys
+        n_scored = tl.sum(scored.to(tl.int32), axis=0)
+        logit_base = logit_ws_ptr + (tile * tl.num_programs(1) + head).to(tl.int64) * BLOCK_M * max_keys
     for n0 in range(lo, hi, BLOCK_N):
         key_rows, key_ok = _cache_keys(kv_start, hi, n0, kv_keep_ptr, HAS_KEEP, BLOCK_N)
-        acc, m_i, l_i, logits = _online_softmax_step(
+        acc, m_i, l_i, k_t = _online_softmax_step(
             q, k_ptr, v_ptr, key_rows, key_ok, key_ok[None, :], stride_k, stride_v, kv_col, offs_d, d_ok,
             qk_scale_log2, acc, m_i, l_i, UPCAST, DOT_PRECISION)
-        if STORE_LOGITS:  # -inf at excluded keys, so they get no mass
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            tl.store(logit_ws_ptr + logit_rows[:, None] + offs_n[None, :], logits,
-                     mask=scored[:, None] & (offs_n < hi)[None, :])
+        if STORE_LOGITS:
+            _store_score_logits(q_ptr, logit_base, k_t, key_ok, n0 + tl.arange(0, BLOCK_N), hi, stride_q,
+                                head * HEAD_DIM, offs_m, scored, rank, n_scored, max_keys, offs_d, d_ok,
+                                qk_scale_log2, UPCAST, DOT_PRECISION)
     if HAS_INQ:
         if ONE_PASS:
             inq_part = 0  # the one program of the tile also walks the in-query keys
@@ -267,28 +268,38 @@ def _cache_keys(kv_start, hi, n0, kv_keep_ptr, HAS_KEEP: tl.constexpr, BLOCK_N: 
 
 
 @triton.jit
-def _scaled_logits(q, k_ptr, key_rows, key_ok, visible, stride_k, kv_col, offs_d, d_ok, qk_scale_log2,
-                   UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """q . k in fp32, pre-multiplied by log2(e)/sqrt(Dh) for exp2, -inf where not visible.
-
-    key_ok [BLOCK_N]: rows that exist and may be seen at all (only those are loaded, so excluded or
-    out-of-range rows cost no traffic and their contents never matter); visible: the per-query mask.
-    """
+def _keys_t(k_ptr, key_rows, key_ok, stride_k, kv_col, offs_d, d_ok, UPCAST: tl.constexpr):
+    """[BLOCK_D, BLOCK_N] the key block, transposed. key_ok [BLOCK_N]: rows that exist and may be seen at all
+    (only those are loaded, so excluded or out-of-range rows cost no traffic and their contents never matter)."""
     k_ptrs = k_ptr + key_rows.to(tl.int64)[None, :] * stride_k + (kv_col + offs_d)[:, None]
-    k_t = tl.load(k_ptrs, mask=d_ok[:, None] & key_ok[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
+    k_t = tl.load(k_ptrs, mask=d_ok[:, None] & key_ok[None, :], other=0.0)
     if UPCAST:
         k_t = k_t.to(tl.float32)
+    return k_t
+
+
+@triton.jit
+def _logits(q, k_t, visible, qk_scale_log2, DOT_PRECISION: tl.constexpr):
+    """q . k in fp32, pre-multiplied by log2(e)/sqrt(Dh) for exp2, -inf where not visible (the per-query mask)."""
     logits = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale_log2
     return tl.where(visible, logits, float("-inf"))
+
+
+@triton.jit
+def _scaled_logits(q, k_ptr, key_rows, key_ok, visible, stride_k, kv_col, offs_d, d_ok, qk_scale_log2,
+                   UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """_logits of q against the key block at key_rows (loaded here)."""
+    k_t = _keys_t(k_ptr, key_rows, key_ok, stride_k, kv_col, offs_d, d_ok, UPCAST)
+    return _logits(q, k_t, visible, qk_scale_log2, DOT_PRECISION)
 
 
 @triton.jit
 def _online_softmax_step(q, k_ptr, v_ptr, key_rows, key_ok, visible, stride_k, stride_v, kv_col, offs_d, d_ok,
                          qk_scale_log2, acc, m_i, l_i, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold one block of keys into the running (acc, row max, row sum); all-masked rows stay at zero. Also
-    returns the block's scaled logits (-inf where not visible)."""
-    logits = _scaled_logits(q, k_ptr, key_rows, key_ok, visible, stride_k, kv_col, offs_d, d_ok, qk_scale_log2,
-                            UPCAST, DOT_PRECISION)
+    returns the loaded key block (transposed), for a caller that scores more rows against it."""
+    k_t = _keys_t(k_ptr, key_rows, key_ok, stride_k, kv_col, offs_d, d_ok, UPCAST)
+    logits = _logits(q, k_t, visible, qk_scale_log2, DOT_PRECISION)
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # avoids -inf - -inf for rows with no key yet
     p = tl.exp2(logits - m_ref[:, None])
@@ -298,7 +309,7 @@ def _online_softmax_step(q, k_ptr, v_ptr, key_rows, key_ok, visible, stride_k, s
     if UPCAST:
         v = v.to(tl.float32)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, m_new, alpha * l_i + tl.sum(p, axis=1), logits
+    return acc, m_new, alpha * l_i + tl.sum(p, axis=1), k_t
 
 
 @triton.jit
@@ -336,6 +347,27 @@ def _add_attention_mass(q_ptr, k_ptr, kv_keep_ptr, score_out_ptr, stride_q, stri
             probs = tl.exp2(logits - m_c[:, None]) * inv_l_c[:, None]
             # relaxed: nothing here orders other memory; the default acq_rel fences every add
             tl.atomic_add(score_out_ptr + key_rows, tl.sum(probs, axis=0), mask=key_ok, sem="relaxed")
+
+
+@triton.jit
+def _store_score_logits(q_ptr, logit_base, k_t, key_ok, offs_n, hi, stride_q, q_col, offs_m, scored, rank, n_scored,
+                        max_keys, offs_d, d_ok, qk_scale_log2, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """logit_base[rank * max_keys + key] = the score rows' logits against this key block (-inf at excluded keys,
+    so they get no mass). The rows are scored again, SCORE_ROWS at a time, against the key block already loaded,
+    so each store is a dense [SCORE_ROWS, BLOCK_N] block instead of the whole tile's logits masked to the few
+    score rows."""
+    for s0 in range(0, n_scored, SCORE_ROWS):
+        slot = s0 + tl.arange(0, SCORE_ROWS)
+        pick = scored[None, :] & (rank[None, :] == slot[:, None])  # [SCORE_ROWS, BLOCK_M], <= one True per row
+        live = slot < n_scored
+        rows = tl.sum(tl.where(pick, offs_m[None, :], 0), axis=1)
+        q_c = tl.load(q_ptr + rows.to(tl.int64)[:, None] * stride_q + (q_col + offs_d)[None, :],
+                      mask=live[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST:
+            q_c = q_c.to(tl.float32)
+        logits = _logits(q_c, k_t, key_ok[None, :], qk_scale_log2, DOT_PRECISION)
+        tl.store(logit_base + slot.to(tl.int64)[:, None] * max_keys + offs_n[None, :], logits,
+                 mask=live[:, None] & (offs_n < hi)[None, :])
 
 
 @triton.jit

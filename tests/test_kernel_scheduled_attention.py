@@ -136,13 +136,15 @@ def test_half_precisions(dtype):
     check(batch, batch.op(2), True)
 
 
-@pytest.mark.parametrize("n_splits", [1, 3])
+@pytest.mark.parametrize("n_splits,mass_from", [(1, "recompute"), (3, "recompute"), (3, "stored")])
 @pytest.mark.parametrize("block_m", [16, 24, 64])
-def test_tile_heights(block_m, n_splits):
-    """The default 16, a height that is not a power of two (tile rows masked inside a 32-row block), 64."""
+def test_tile_heights(block_m, n_splits, mass_from):
+    """The default 16, a height that is not a power of two (tile rows masked inside a 32-row block), 64 (about
+    25 score rows in the 50-row sequence's tile: stored logits take two 16-row groups)."""
     batch = Batch([5, 50, 17], [33, 90, 0], 4, 2, 16, torch.float32, block_m=block_m, in_query=True,
                   score_prob=0.5)
-    check(batch, batch.op(n_splits), with_score=True)  # a row counted by two tiles would add its mass twice
+    check(batch, batch.op(n_splits, mass_from=mass_from), with_score=True)  # a row counted by two tiles would
+    # add its mass twice
 
 
 def test_kv_keep_excludes_rows():
