@@ -25,7 +25,7 @@ from flash_dllm.engine.device_canvas import NOT_NEW, DeviceCanvas
 from flash_dllm.engine.packing import QueryPlan
 from flash_dllm.engine.sampling import Predictions, predict
 from flash_dllm.kernels.greedy_predict import GreedyPredict
-from flash_dllm.kernels.threshold_select import ThresholdSelect
+from flash_dllm.kernels.threshold_select import ThresholdSelect, ensure_progress_reference
 
 _FAR = 1 << 50  # priority of a position that is never tracked
 
@@ -51,17 +51,14 @@ def set_flags(flags: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 
 def ensure_progress(cells: torch.Tensor, preds: Predictions, chosen: torch.Tensor, mask_id: int) -> torch.Tensor:
-    """strategies.ensure_progress on every row: where no chosen candidate predicted a real token, also choose
-    the candidate with the most probable real token and swap that token (and its probability) into `preds`."""
+    """strategies.ensure_progress on every row (kernels/threshold_select.py's ensure_progress_reference): where
+    no chosen candidate predicted a real token, also choose the candidate with the most probable real token and
+    swap that token (and its probability) into `preds`."""
     shape = cells.shape
-    valid = cells >= 0
-    tokens, conf = preds.tokens.view(shape), preds.confidences.view(shape)
-    stuck = valid.any(1) & ~(chosen & (tokens != mask_id)).any(1)
-    best = torch.where(valid, preds.fallback_confidences.view(shape), -1.0).argmax(1, keepdim=True)
-    swap = torch.zeros_like(chosen).scatter_(1, best, stuck[:, None])
-    preds.tokens = torch.where(swap, preds.fallback_tokens.view(shape), tokens)
-    preds.confidences = torch.where(swap, preds.fallback_confidences.view(shape), conf)
-    return chosen | swap
+    chosen, preds.tokens, preds.confidences = ensure_progress_reference(
+        cells, chosen, preds.tokens.view(shape), preds.confidences.view(shape), preds.fallback_tokens.view(shape),
+        preds.fallback_confidences.view(shape), mask_id)
+    return chosen
 
 
 def select_by_threshold(kernel: ThresholdSelect, canvas: DeviceCanvas, cells: torch.Tensor, preds: Predictions

@@ -313,6 +313,31 @@ def _online_softmax_step(q, k_ptr, v_ptr, key_rows, key_ok, visible, stride_k, s
 
 
 @triton.jit
+def _slots(scored, rank, s0):
+    """Slots s0 .. s0 + SCORE_ROWS - 1 of the tile's score rows (by rank) and the one-hot [SCORE_ROWS, BLOCK_M]
+    selection of each slot's row (an all-False row for a slot past the last score row)."""
+    slot = s0 + tl.arange(0, SCORE_ROWS)
+    return slot, scored[None, :] & (rank[None, :] == slot[:, None])
+
+
+@triton.jit
+def _by_slot(pick, values):
+    """values [BLOCK_M] of the tile rows, gathered into slot order (0 for a slot without a row)."""
+    return tl.sum(tl.where(pick, values[None, :], 0), axis=1)
+
+
+@triton.jit
+def _slot_queries(q_ptr, stride_q, q_col, offs_m, pick, live, offs_d, d_ok, UPCAST: tl.constexpr):
+    """[SCORE_ROWS, BLOCK_D] the query rows of the live slots (zeros elsewhere)."""
+    rows = _by_slot(pick, offs_m)
+    q_c = tl.load(q_ptr + rows.to(tl.int64)[:, None] * stride_q + (q_col + offs_d)[None, :],
+                  mask=live[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q_c = q_c.to(tl.float32)
+    return q_c
+
+
+@triton.jit
 def _add_attention_mass(q_ptr, k_ptr, kv_keep_ptr, score_out_ptr, stride_q, stride_k, q_col, kv_col,
                         offs_m, scored, m_f, l_f, kv_start, lo, hi, qk_scale_log2,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -330,16 +355,11 @@ def _add_attention_mass(q_ptr, k_ptr, kv_keep_ptr, score_out_ptr, stride_q, stri
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     for s0 in range(0, n_scored, SCORE_ROWS):
-        slot = s0 + tl.arange(0, SCORE_ROWS)
-        pick = scored[None, :] & (rank[None, :] == slot[:, None])  # [SCORE_ROWS, BLOCK_M], <= one True per row
+        slot, pick = _slots(scored, rank, s0)
         has_row = slot < n_scored
-        rows = tl.sum(tl.where(pick, offs_m[None, :], 0), axis=1)
-        m_c = tl.sum(tl.where(pick, m_f[None, :], 0.0), axis=1)
-        inv_l_c = 1.0 / tl.maximum(tl.sum(tl.where(pick, l_f[None, :], 0.0), axis=1), 1.0)
-        q_ptrs = q_ptr + rows.to(tl.int64)[:, None] * stride_q + (q_col + offs_d)[None, :]
-        q_c = tl.load(q_ptrs, mask=has_row[:, None] & d_ok[None, :], other=0.0)
-        if UPCAST:
-            q_c = q_c.to(tl.float32)
+        m_c = _by_slot(pick, m_f)
+        inv_l_c = 1.0 / tl.maximum(_by_slot(pick, l_f), 1.0)
+        q_c = _slot_queries(q_ptr, stride_q, q_col, offs_m, pick, has_row, offs_d, d_ok, UPCAST)
         for n0 in range(lo, hi, BLOCK_N):
             key_rows, key_ok = _cache_keys(kv_start, hi, n0, kv_keep_ptr, HAS_KEEP, BLOCK_N)
             logits = _scaled_logits(q_c, k_ptr, key_rows, key_ok, has_row[:, None] & key_ok[None, :], stride_k,
@@ -357,14 +377,9 @@ def _store_score_logits(q_ptr, logit_base, k_t, key_ok, offs_n, hi, stride_q, q_
     so each store is a dense [SCORE_ROWS, BLOCK_N] block instead of the whole tile's logits masked to the few
     score rows."""
     for s0 in range(0, n_scored, SCORE_ROWS):
-        slot = s0 + tl.arange(0, SCORE_ROWS)
-        pick = scored[None, :] & (rank[None, :] == slot[:, None])  # [SCORE_ROWS, BLOCK_M], <= one True per row
+        slot, pick = _slots(scored, rank, s0)
         live = slot < n_scored
-        rows = tl.sum(tl.where(pick, offs_m[None, :], 0), axis=1)
-        q_c = tl.load(q_ptr + rows.to(tl.int64)[:, None] * stride_q + (q_col + offs_d)[None, :],
-                      mask=live[:, None] & d_ok[None, :], other=0.0)
-        if UPCAST:
-            q_c = q_c.to(tl.float32)
+        q_c = _slot_queries(q_ptr, stride_q, q_col, offs_m, pick, live, offs_d, d_ok, UPCAST)
         logits = _logits(q_c, k_t, key_ok[None, :], qk_scale_log2, DOT_PRECISION)
         tl.store(logit_base + slot.to(tl.int64)[:, None] * max_keys + offs_n[None, :], logits,
                  mask=live[:, None] & (offs_n < hi)[None, :])
@@ -382,10 +397,9 @@ def _add_stored_mass(logit_ptr, score_out_ptr, max_keys, scored, m_f, l_f, kv_st
     key_ok = keys < hi
     total = tl.zeros([BLOCK_K], dtype=tl.float32)
     for s0 in range(0, n_scored, SCORE_ROWS):
-        slot = s0 + tl.arange(0, SCORE_ROWS)
-        pick = scored[None, :] & (rank[None, :] == slot[:, None])  # [SCORE_ROWS, BLOCK_M]
-        m_c = tl.sum(tl.where(pick, m_f[None, :], 0.0), axis=1)
-        l_c = tl.sum(tl.where(pick, l_f[None, :], 0.0), axis=1)
+        slot, pick = _slots(scored, rank, s0)
+        m_c = _by_slot(pick, m_f)
+        l_c = _by_slot(pick, l_f)
         live = (slot < n_scored) & (l_c > 0.0)  # a row that saw no key has no distribution to add
         logits = tl.load(logit_ptr + slot.to(tl.int64)[:, None] * max_keys + keys[None, :],
                          mask=live[:, None] & key_ok[None, :], other=float("-inf"))

@@ -28,6 +28,16 @@ def threshold_select_reference(cells, confidences, tokens, fallback_tokens, fall
     best = torch.where(valid, confidences, -1.0).argmax(1, keepdim=True)
     nothing = (valid.any(1) & ~chosen.any(1))[:, None]
     chosen = chosen | torch.zeros_like(chosen).scatter_(1, best, nothing)
+    return ensure_progress_reference(cells, chosen, tokens, confidences, fallback_tokens, fallback_confidences,
+                                     mask_id)
+
+
+def ensure_progress_reference(cells, chosen, tokens, confidences, fallback_tokens, fallback_confidences,
+                              mask_id: int):
+    """The second half of the rule, for any choice (the engine's top-k methods use it too): where no chosen
+    candidate predicted a real token, also choose the candidate with the most probable real token and swap its
+    fallback token and probability in. Returns (chosen, tokens, confidences)."""
+    valid = cells >= 0
     stuck = valid.any(1) & ~(chosen & (tokens != mask_id)).any(1)
     best = torch.where(valid, fallback_confidences, -1.0).argmax(1, keepdim=True)
     swap = torch.zeros_like(chosen).scatter_(1, best, stuck[:, None])
