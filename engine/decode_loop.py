@@ -135,12 +135,12 @@ class DecodeSession:
         shape = plan.cells.shape
         if len(layouts) == 1 and self.packer.tensors(layouts[0]).all_slots:  # a steady step: one forward, no merge
             p = self._predict(plan, layouts[0], None, plan.cells)
-            tokens, confidences = p.tokens.view(shape), p.confidences.view(shape).to(torch.float64)
-            if p.fallback_tokens is None:
+            tokens, confidences = p.tokens.view(shape), p.confidences.view(shape)
+            if p.fallback_tokens is None:  # only an unbound method (mask id -1) asks for none
                 return Predictions(tokens=tokens, confidences=confidences, fallback_tokens=torch.zeros_like(tokens),
                                    fallback_confidences=torch.zeros_like(confidences))
             return Predictions(tokens=tokens, confidences=confidences, fallback_tokens=p.fallback_tokens.view(shape),
-                               fallback_confidences=p.fallback_confidences.view(shape).to(torch.float64))
+                               fallback_confidences=p.fallback_confidences.view(shape))
         tokens = torch.zeros(shape, dtype=torch.int64, device=plan.cells.device)
         confidences = torch.zeros(shape, dtype=torch.float64, device=plan.cells.device)
         fallback, fallback_conf = torch.zeros_like(tokens), torch.zeros_like(confidences)
