@@ -185,6 +185,11 @@ def bind_kernels(config: ModelConfig, backend: str) -> KernelOps:
                      AddRMSNorm(backend), SiluMul(backend), MoEExperts(backend))
 
 
+# Flash-dLLM's official code ranks tracked tokens by the window's attention logits summed over the layers after
+# the first two (whose attention is mostly positional); a model of two layers or fewer scores every layer.
+MASS_SKIPS_LAYERS = 2
+
+
 def forward_cached(
     model: DiffusionLM,
     k_cache: torch.Tensor,
@@ -196,13 +201,15 @@ def forward_cached(
     """Run the step through every layer. k_cache/v_cache: [layers, R, Hkv*Dh]. Returns normed hidden [M, D].
 
     Each residual add is folded into the RMSNorm that follows it (the MLP's into the next layer's attention
-    norm, the last one into the final norm, on the read-out rows only)."""
+    norm, the last one into the final norm, on the read-out rows only). score_out (Flash-Cache's attention
+    mass, see kernels/scheduled_attention.py) is summed over the layers after the first MASS_SKIPS_LAYERS."""
     cfg = model.config
     eps = cfg.norm_eps
     # QK-norm sits between the projection and RoPE, which the fused kernel does not do (yet): torch path
     unfused_qkv = cfg.qk_norm or cfg.rope_dim != cfg.head_dim
     h = F.embedding(step.token_ids, model.embed)
     update = None
+    first_scored = MASS_SKIPS_LAYERS if len(model.layers) > MASS_SKIPS_LAYERS else 0
     for index, layer in enumerate(model.layers):
         h, x = ops.norm(h, update, layer.attn_norm, eps, inplace=True)
         if unfused_qkv:
@@ -212,7 +219,8 @@ def forward_cached(
         else:
             q = ops.fused_qkv(x, layer.w_qkv, layer.b_qkv, model.rope_cos, model.rope_sin, step.positions,
                               step.write_rows, k_cache[index], v_cache[index])
-        attn = ops.attention(q, k_cache[index], v_cache[index], step.plan, score_out)
+        attn = ops.attention(q, k_cache[index], v_cache[index], step.plan,
+                             score_out if index >= first_scored else None)
         h, x = ops.norm(h, F.linear(attn, layer.w_o), layer.ffn_norm, eps, inplace=True)
         if layer.moe is not None:
             update = mlp(x, layer, cfg, ops.moe_experts)

@@ -5,9 +5,7 @@ tile height, the plan's static `max_kv_len` and which optional inputs are presen
 picks the split count, the grids and the workspace; later calls only launch, so a call can be captured in a
 CUDA graph and replayed with new plan tensor contents. Nothing here reads plan tensor values.
 
-The workspace (partials, and with stored attention mass the score rows' logits: tiles x heads x tile height x
-max_kv_len floats, 21 MB for a chat step of LLaDA-8B over 1,312 keys) is one grow-only fp32 buffer per device
-shared by all buckets (stream-ordered launches reuse it; do not run one op on two streams at once). A buffer
+The workspace (the splits' partials) is one grow-only fp32 buffer per device shared by all buckets (stream-ordered launches reuse it; do not run one op on two streams at once). A buffer
 that is outgrown stays alive, because a graph captured earlier may still point into it.
 """
 from __future__ import annotations
@@ -21,8 +19,7 @@ import torch
 import triton
 
 from . import interpreting
-from ._scheduled_attention_triton import (COMBINE_ROWS, LOG2E, MASS_KEYS, _attention_combine_kernel,
-                                         _attention_split_kernel)
+from ._scheduled_attention_triton import COMBINE_ROWS, LOG2E, _attention_combine_kernel, _attention_split_kernel
 
 WAVES = 2  # the split count aims at about this many programs per SM
 MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed cost (q load, partial store, combine) outweighs its keys
@@ -63,28 +60,15 @@ class Bucket:
     acc_ws: torch.Tensor | None  # [parts, rows, heads, head_dim] fp32 partial outputs, unnormalised
     m_ws: torch.Tensor | None  # [parts, rows, heads] fp32 partial row max (log2 domain)
     l_ws: torch.Tensor | None  # [parts, rows, heads] fp32 partial row sum
-    logit_ws: torch.Tensor | None  # [tiles, heads, BLOCK_M, max_kv_len] fp32 score rows' logits (stored mass)
     split_meta: dict
     combine_meta: dict
 
 
-MASS_FROM = ("stored", "recompute")
-
-
 class TritonScheduledAttention:
-    """Split-KV scheduled attention for one head geometry; call as f(q, k_cache, v_cache, plan, score_out).
-
-    mass_from: how a split call gets its attention mass. "recompute" (default): the combine computes the score
-    rows' logits again from q and the keys (no workspace). "stored": the split kernel also scores the score rows
-    against each key block it loads and writes their logits to a workspace; the combine only exponentiates them.
-    Which is faster at which shape is for `benchmarks/bench_attention.py` to say (record: benchmarks/README.md).
-    A one-split call always recomputes inside its one program (its keys are still in L2)."""
+    """Split-KV scheduled attention for one head geometry; call as f(q, k_cache, v_cache, plan, score_out)."""
 
     def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, n_splits: int | None = None,
-                 n_sms: int | None = None, mass_from: str = "recompute"):
-        if mass_from not in MASS_FROM:
-            raise ValueError(f"mass_from must be one of {MASS_FROM}, got {mass_from!r}")
-        self.mass_from = mass_from
+                 n_sms: int | None = None):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.group = n_heads // n_kv_heads
         self.qk_scale_log2 = LOG2E / math.sqrt(head_dim)
@@ -114,7 +98,7 @@ class TritonScheduledAttention:
             return out
         bucket = self.bucket(q, plan, score_out)
         meta = bucket.split_meta
-        has_inq, has_score = meta["HAS_INQ"], bucket.combine_meta["HAS_SCORE"]
+        has_inq, has_score = meta["HAS_INQ"], meta["HAS_SCORE"]
         keep = _as_flags(plan.kv_keep) if meta["HAS_KEEP"] else q
         inq_mask = _as_flags(plan.inq_mask) if has_inq else q
         if has_inq and inq_mask.stride(1) != 1:
@@ -122,22 +106,17 @@ class TritonScheduledAttention:
         score_query = _as_flags(plan.score_query) if has_score else q
         scores = score_out if has_score else q
         workspace = (bucket.acc_ws, bucket.m_ws, bucket.l_ws) if bucket.combine_grid else (q, q, q)
-        logits = bucket.logit_ws if bucket.logit_ws is not None else q
-        max_keys = plan.max_kv_len
         _attention_split_kernel[bucket.split_grid](
             q, k_cache, v_cache, out,
             plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len,
-            keep, plan.inq_start if has_inq else q, inq_mask, score_query, scores, *workspace, logits,
+            keep, plan.inq_start if has_inq else q, inq_mask, score_query, scores, *workspace,
             q.stride(0), k_cache.stride(0), v_cache.stride(0), out.stride(0), inq_mask.stride(0),
-            plan.block_m, self.group, bucket.n_splits, q.shape[0], max_keys, self.qk_scale_log2, **meta,
+            plan.block_m, self.group, bucket.n_splits, q.shape[0], self.qk_scale_log2, **meta,
         )
         if bucket.combine_grid:
             _attention_combine_kernel[bucket.combine_grid](
-                q, k_cache, out,
-                plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len,
-                keep, score_query, scores, *workspace, logits,
-                q.stride(0), k_cache.stride(0), out.stride(0),
-                plan.block_m, self.group, q.shape[0], max_keys, self.qk_scale_log2, **bucket.combine_meta,
+                out, plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, *workspace, out.stride(0),
+                plan.block_m, q.shape[0], **bucket.combine_meta,
             )
         return out
 
@@ -151,34 +130,25 @@ class TritonScheduledAttention:
             n_sms = self.n_sms or _sm_count(key.device)
             n_splits = choose_splits(key.n_tiles, self.n_heads, key.max_kv_len, n_sms)
         one_pass = n_splits == 1
-        common = {
-            "HEAD_DIM": self.head_dim, "BLOCK_D": max(16, triton.next_power_of_2(self.head_dim)),
-            "BLOCK_M": max(16, triton.next_power_of_2(key.block_m)),  # covers the plan's tile; tl.dot needs >= 16
-            "HAS_KEEP": key.has_keep, "UPCAST": interpreting(),
-            "DOT_PRECISION": "ieee" if key.dtype == torch.float32 else "tf32",
+        block_d, block_m = max(16, triton.next_power_of_2(self.head_dim)), max(16, triton.next_power_of_2(key.block_m))
+        split_meta = {
+            "HEAD_DIM": self.head_dim, "BLOCK_D": block_d,
+            "BLOCK_M": block_m,  # covers the plan's tile; tl.dot needs >= 16 rows
+            "HAS_KEEP": key.has_keep, "HAS_INQ": key.has_inq, "HAS_SCORE": key.has_score, "ONE_PASS": one_pass,
+            "UPCAST": interpreting(), "DOT_PRECISION": "ieee" if key.dtype == torch.float32 else "tf32",
         }
-        stored = key.has_score and not one_pass and self.mass_from == "stored"
-        split_meta = {**common, "HAS_INQ": key.has_inq, "HAS_SCORE": key.has_score and one_pass,
-                      "ONE_PASS": one_pass, "STORE_LOGITS": stored}
-        combine_meta = {**common, "HAS_SCORE": key.has_score, "STORED_LOGITS": stored}
         if one_pass:
-            return Bucket(1, 1, (key.n_tiles, self.n_heads, 1), None, None, None, None, None, split_meta,
-                          combine_meta)
+            return Bucket(1, 1, (key.n_tiles, self.n_heads, 1), None, None, None, None, split_meta, {})
         n_parts = n_splits + key.has_inq
-        combine_meta["N_PARTS"] = n_parts
-        n_logits = key.n_tiles * self.n_heads * common["BLOCK_M"] * key.max_kv_len if stored else 0
-        acc_ws, m_ws, l_ws, logit_ws = self._workspace(key.device, n_parts * key.n_rows * self.n_heads, n_logits)
-        row_chunks = common["BLOCK_M"] // COMBINE_ROWS.value
-        mass_chunks = triton.cdiv(key.max_kv_len, MASS_KEYS.value) if key.has_score else 1
-        combine_grid = (key.n_tiles, self.n_heads, max(row_chunks, mass_chunks))
+        combine_meta = {"HEAD_DIM": self.head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "N_PARTS": n_parts}
+        acc_ws, m_ws, l_ws = self._workspace(key.device, n_parts * key.n_rows * self.n_heads)
+        combine_grid = (key.n_tiles, self.n_heads, block_m // COMBINE_ROWS.value)
         return Bucket(n_splits, n_parts, (key.n_tiles, self.n_heads, n_parts), combine_grid, acc_ws, m_ws, l_ws,
-                      logit_ws if stored else None, split_meta, combine_meta)
+                      split_meta, combine_meta)
 
-    def _workspace(self, device: torch.device, n_row_heads: int, n_logits: int):
-        """Views (acc, row max, row sum, score-row logits) over the device's shared buffer, grown (never shrunk)
-        to fit."""
-        stats = n_row_heads * (self.head_dim + 2)
-        need = stats + n_logits
+    def _workspace(self, device: torch.device, n_row_heads: int):
+        """Views (acc, row max, row sum) over the device's shared buffer, grown (never shrunk) to fit."""
+        need = n_row_heads * (self.head_dim + 2)
         buffer = self._workspaces.get(device)
         if buffer is None or buffer.numel() < need:
             if buffer is not None:
@@ -186,7 +156,7 @@ class TritonScheduledAttention:
             buffer = self._workspaces[device] = torch.empty(need, dtype=torch.float32, device=device)
         acc = buffer[: n_row_heads * self.head_dim]
         m = buffer[n_row_heads * self.head_dim : n_row_heads * (self.head_dim + 1)]
-        return acc, m, buffer[n_row_heads * (self.head_dim + 1) : stats], buffer[stats:need]
+        return acc, m, buffer[n_row_heads * (self.head_dim + 1) : need]
 
 
 def _sm_count(device: torch.device) -> int:

@@ -13,11 +13,13 @@ A tile table maps each block_m-row query tile to its sequence, so one launch ser
 prefill beside one doing a 128-token refresh.
 
 Attention mass (Flash-Cache's tracked-token policy): when ``score_out`` [R] fp32 is given, for every query
-row with score_query[row] True (the masked-window rows) and every head, the *softmax probability* that the
-query assigns to each cache key row (first key range only, after normalisation over all of its keys,
-in-query keys included) is added into score_out[row]. So score_out[r] = sum over window queries and heads of
-p(query -> key r). Callers sum it over layers and reset it each step. On the GPU the Triton path adds
-with float atomics, so the low bits of score_out vary from run to run (the order of additions is not fixed).
+row with score_query[row] True (the masked-window rows), every head and every cache key row that the row may
+see (first key range only; kv_keep applies), the raw q.k logit (before the 1/sqrt(Dh) scale and the softmax)
+is added into score_out[key row]. So score_out[r] = sum over window queries and heads of q . k_r: Flash-dLLM's
+official code ranks tracked tokens by this sum (the mean of the stored window logits), and the sum is linear
+in the queries, so the kernel adds it while it walks the keys, with no second pass. Callers sum it over layers
+and reset it each step. On the GPU the Triton path adds with float atomics, so the low bits of score_out vary
+from run to run (the order of additions is not fixed).
 
 Two plan layouts:
   * `build_plan` (ragged, eager): sizes known on the host, sequences packed back to back, host lists kept.
@@ -206,7 +208,8 @@ def scheduled_attention_reference(
         if score_out is not None and plan.score_query is not None:
             sel = plan.score_query[q0 : q0 + n].bool()
             if bool(sel.any()):
-                mass = probs[:, sel, :kl].sum(dim=(0, 1))  # over heads and window queries
+                raw = torch.matmul(qb[:, sel], kb[:, :kl].transpose(1, 2))  # [H, window rows, cache keys], unscaled
+                mass = raw.masked_fill(~keep[None, None, :], 0.0).sum(dim=(0, 1))  # over heads and window queries
                 score_out.index_add_(0, rows, mass.to(score_out.dtype))
     return out
 
@@ -221,13 +224,11 @@ class ScheduledAttention:
     backend "torch" runs the reference loop; "triton" the split-KV kernels (Triton is imported here, once).
     check_inputs=True validates shapes, dtypes and strides on every call (host metadata only, no device
     synchronisation); off, a call does a dict lookup and its launches. n_splits pins the key-split count and
-    n_sms the SM count it is chosen for (tests, benchmarks); by default it is chosen per plan shape. mass_from
-    ("recompute", the default, or "stored") says how a split call's combine gets the score rows' logits for
-    attention mass (_scheduled_attention_launcher.py); both give the reference's mass.
+    n_sms the SM count it is chosen for (tests, benchmarks); by default it is chosen per plan shape.
     """
 
     def __init__(self, backend: str, n_heads: int, n_kv_heads: int, head_dim: int, check_inputs: bool = False,
-                 n_splits: int | None = None, n_sms: int | None = None, mass_from: str = "recompute"):
+                 n_splits: int | None = None, n_sms: int | None = None):
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv_heads}")
         self.backend, self.n_heads, self.n_kv_heads, self.head_dim = backend, n_heads, n_kv_heads, head_dim
@@ -238,8 +239,7 @@ class ScheduledAttention:
         elif backend == "triton":
             from ._scheduled_attention_launcher import TritonScheduledAttention  # imports triton
 
-            self.triton = TritonScheduledAttention(n_heads, n_kv_heads, head_dim, n_splits=n_splits, n_sms=n_sms,
-                                                   mass_from=mass_from)
+            self.triton = TritonScheduledAttention(n_heads, n_kv_heads, head_dim, n_splits=n_splits, n_sms=n_sms)
             self._run = self.triton
         else:
             raise ValueError(f"unknown kernel backend {backend!r}")

@@ -245,3 +245,36 @@ def test_full_geometry_cached_matches_hidden_on_gpu(geometry):
     cosine = torch.nn.functional.cosine_similarity(got, full, dim=-1)
     # bf16 rounding differs between the paths, so a near-tie in a router may pick another expert for a token
     assert cosine.mean() > 0.99 and cosine.min() > 0.9, (cosine.mean(), cosine.min())
+
+
+@pytest.mark.parametrize("n_layers, scored_layers", [(4, [2, 3]), (2, [0, 1])])
+def test_attention_mass_sums_the_layers_after_the_first_two(tmp_path, n_layers, scored_layers):
+    """Flash-Cache's tracked-token score is the window's logit mass of the layers after the first two, as in
+    Flash-dLLM's code (a model of two layers or fewer: every layer)."""
+    model = load_model(write_tiny_model(tmp_path / "m", TinySpec("llada", n_layers=n_layers)), "cpu", torch.float32)
+    cfg = model.config
+    ops = bind_kernels(cfg, "torch")
+    reference, per_layer, asked = ops.attention, [], []
+
+    def attention(q, k, v, plan, score_out=None):  # every layer's own mass, and whether the engine asked for it
+        mass = torch.zeros(k.shape[0])
+        reference(q, k, v, plan, mass)
+        per_layer.append(mass)
+        asked.append(score_out is not None)
+        return reference(q, k, v, plan, score_out)
+
+    ops.attention = attention
+    ids, rows = prompt(model, 20, 5), 20
+    k_cache = torch.zeros(cfg.n_layers, rows, cfg.n_kv_heads * cfg.head_dim)
+    v_cache = torch.zeros_like(k_cache)
+    span = torch.arange(rows)
+    window = torch.zeros(rows, dtype=torch.bool)
+    window[12:16] = True
+    step = CachedStep(token_ids=torch.tensor(ids), positions=span, write_rows=span,
+                      plan=build_plan([rows], [0], [rows], "cpu", block_m=8, score_query=window),
+                      hidden_rows=torch.arange(rows))
+    score = torch.zeros(rows)
+    forward_cached(model, k_cache, v_cache, step, ops, score)
+    assert [i for i, a in enumerate(asked) if a] == scored_layers
+    assert torch.allclose(score, sum(per_layer[i] for i in scored_layers), rtol=1e-5, atol=1e-5)
+    assert score.abs().sum() > 0
