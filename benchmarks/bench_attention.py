@@ -9,8 +9,7 @@ Timing: one CUDA graph holds `calls` back-to-back calls over rotating cache copi
 copies together exceed L2, so keys come from HBM as they would); 200 replays, each timed with CUDA events; the
 median replay time divided by `calls` is printed as microseconds per call. "one-split" pins n_splits=1, the
 (query tiles x heads) grid of the previous kernel; "auto" is the op's own choice; at batch 1 a sweep of
-forced split counts shows where the choice sits; "merge folded" merges the splits inside the split launch (the
-last part of each tile and head to finish) instead of in a second launch. `--mass both` times each shape with and without the
+forced split counts shows where the choice sits. `--mass both` times each shape with and without the
 attention mass (the window logits' sum, added while the keys are walked), which is what the mass costs.
 Usage: python3 benchmarks/bench_attention.py [--csv PATH] [--block-m 64 ...]  (CUDA; TRITON_INTERPRET unset)
 """
@@ -94,15 +93,13 @@ def bench(model: str, n_seqs: int, block_m: int, l2_bytes: int, scored: bool) ->
     print(f"\n{model} {shape} (graph of {copies} calls)", flush=True)
     auto = ScheduledAttention("triton", step.n_heads, step.n_kv_heads, HEAD_DIM)
     chosen = auto.key_splits(step.q, step.plan, step.score if scored else None)
-    variants = [("one-split", 1, "combine"), (f"auto (n_splits={chosen})", None, "combine")]
-    if chosen > 1:
-        variants.append(("auto, merge folded", None, "fold"))
+    variants = [("one-split", 1), (f"auto (n_splits={chosen})", None)]
     if n_seqs == 1:
-        variants += [(f"forced n_splits={n}", n, "combine") for n in (2, 3, 4, 5, 6, 8) if n != chosen]
+        variants += [(f"forced n_splits={n}", n) for n in (2, 3, 4, 5, 6, 8) if n != chosen]
     baseline = None
-    for name, n_splits, merge in variants:
+    for name, n_splits in variants:
         op = auto if name.startswith("auto (") else ScheduledAttention(
-            "triton", step.n_heads, step.n_kv_heads, HEAD_DIM, n_splits=n_splits, merge=merge)
+            "triton", step.n_heads, step.n_kv_heads, HEAD_DIM, n_splits=n_splits)
         us = graph_us_per_call(op, step, scored)
         baseline = baseline or us
         err = rel_err_vs_reference(op, step)

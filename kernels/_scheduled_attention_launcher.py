@@ -56,30 +56,19 @@ class Bucket:
     n_splits: int
     n_parts: int  # workspace parts: the key splits, plus one for the in-query keys
     split_grid: tuple[int, int, int]
-    combine_grid: tuple[int, int, int] | None  # None: the split kernel writes the output (one split, folded merge)
+    combine_grid: tuple[int, int, int] | None  # None: one split, the split kernel writes the output
     acc_ws: torch.Tensor | None  # [parts, rows, heads, head_dim] fp32 partial outputs, unnormalised
     m_ws: torch.Tensor | None  # [parts, rows, heads] fp32 partial row max (log2 domain)
     l_ws: torch.Tensor | None  # [parts, rows, heads] fp32 partial row sum
-    arrivals: torch.Tensor | None  # [tiles * heads] int32, zero between launches (folded merge)
     split_meta: dict
     combine_meta: dict
 
 
-MERGES = ("combine", "fold")
-
-
 class TritonScheduledAttention:
-    """Split-KV scheduled attention for one head geometry; call as f(q, k_cache, v_cache, plan, score_out).
-
-    merge: how a split call's parts become the output. "combine" (default): a second launch merges them.
-    "fold": the last part of each (tile, head) to finish merges them inside the split launch (an arrival
-    counter per (tile, head)). Which is faster is for `benchmarks/bench_attention.py` to say."""
+    """Split-KV scheduled attention for one head geometry; call as f(q, k_cache, v_cache, plan, score_out)."""
 
     def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, n_splits: int | None = None,
-                 n_sms: int | None = None, merge: str = "combine"):
-        if merge not in MERGES:
-            raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
-        self.merge = merge
+                 n_sms: int | None = None):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.group = n_heads // n_kv_heads
         self.qk_scale_log2 = LOG2E / math.sqrt(head_dim)
@@ -116,12 +105,11 @@ class TritonScheduledAttention:
             inq_mask = inq_mask.contiguous()
         score_query = _as_flags(plan.score_query) if has_score else q
         scores = score_out if has_score else q
-        workspace = (bucket.acc_ws, bucket.m_ws, bucket.l_ws) if bucket.acc_ws is not None else (q, q, q)
-        arrivals = bucket.arrivals if bucket.arrivals is not None else q
+        workspace = (bucket.acc_ws, bucket.m_ws, bucket.l_ws) if bucket.combine_grid else (q, q, q)
         _attention_split_kernel[bucket.split_grid](
             q, k_cache, v_cache, out,
             plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len,
-            keep, plan.inq_start if has_inq else q, inq_mask, score_query, scores, *workspace, arrivals,
+            keep, plan.inq_start if has_inq else q, inq_mask, score_query, scores, *workspace,
             q.stride(0), k_cache.stride(0), v_cache.stride(0), out.stride(0), inq_mask.stride(0),
             plan.block_m, self.group, bucket.n_splits, q.shape[0], self.qk_scale_log2, **meta,
         )
@@ -147,20 +135,16 @@ class TritonScheduledAttention:
             "HEAD_DIM": self.head_dim, "BLOCK_D": block_d,
             "BLOCK_M": block_m,  # covers the plan's tile; tl.dot needs >= 16 rows
             "HAS_KEEP": key.has_keep, "HAS_INQ": key.has_inq, "HAS_SCORE": key.has_score, "ONE_PASS": one_pass,
-            "N_PARTS": 0, "UPCAST": interpreting(), "DOT_PRECISION": "ieee" if key.dtype == torch.float32 else "tf32",
+            "UPCAST": interpreting(), "DOT_PRECISION": "ieee" if key.dtype == torch.float32 else "tf32",
         }
         if one_pass:
-            return Bucket(1, 1, (key.n_tiles, self.n_heads, 1), None, None, None, None, None, split_meta, {})
+            return Bucket(1, 1, (key.n_tiles, self.n_heads, 1), None, None, None, None, split_meta, {})
         n_parts = n_splits + key.has_inq
-        acc_ws, m_ws, l_ws = self._workspace(key.device, n_parts * key.n_rows * self.n_heads)
-        split_grid = (key.n_tiles, self.n_heads, n_parts)
-        if self.merge == "fold":
-            arrivals = torch.zeros(key.n_tiles * self.n_heads, dtype=torch.int32, device=key.device)
-            return Bucket(n_splits, n_parts, split_grid, None, acc_ws, m_ws, l_ws, arrivals,
-                          {**split_meta, "N_PARTS": n_parts}, {})
         combine_meta = {"HEAD_DIM": self.head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "N_PARTS": n_parts}
+        acc_ws, m_ws, l_ws = self._workspace(key.device, n_parts * key.n_rows * self.n_heads)
         combine_grid = (key.n_tiles, self.n_heads, block_m // COMBINE_ROWS.value)
-        return Bucket(n_splits, n_parts, split_grid, combine_grid, acc_ws, m_ws, l_ws, None, split_meta, combine_meta)
+        return Bucket(n_splits, n_parts, (key.n_tiles, self.n_heads, n_parts), combine_grid, acc_ws, m_ws, l_ws,
+                      split_meta, combine_meta)
 
     def _workspace(self, device: torch.device, n_row_heads: int):
         """Views (acc, row max, row sum) over the device's shared buffer, grown (never shrunk) to fit."""

@@ -10,14 +10,10 @@ Two launches when the keys are split (flash-decoding style), one when they are n
   part n_splits its in-query keys (Flash-Verify). It writes the unnormalised partial (acc, row max, row sum)
   to a workspace. With ONE_PASS (a single split) one program walks all keys, then in-query keys, and writes
   the normalised output itself, so no workspace and no second launch.
-* `_attention_combine_kernel`, grid (query tiles, query heads, BLOCK_M / 16): program z merges the parts of
-  16 of the tile's rows into their final (row max, row sum) and normalised output. The number of parts is a
-  compile-time constant (fixed per schedule bucket), so the loops over parts unroll and their loads are issued
-  together instead of one dependent round trip per part: at batch 1 the combine is a chain of memory
-  latencies, not a bandwidth problem.
-* Folded merge (N_PARTS > 0 in the split kernel): no combine launch; each part program counts in on its
-  (tile, head)'s arrival counter after storing its partial, and the last to arrive merges the tile's rows
-  (the same `_merge_rows`) and resets the counter, as the fused QKV kernel's stream-K tail does.
+* `_attention_combine_kernel`, grid (query tiles, query heads, BLOCK_M / 16): program z merges the parts of 16 of the tile's rows into their final (row max, row sum) and
+  normalised output. The number of parts is a compile-time constant (fixed per schedule bucket), so the loops
+  over parts unroll and their loads are issued together instead of one dependent round trip per part: at
+  batch 1 the combine is a chain of memory latencies, not a bandwidth problem.
 
 Attention mass (the window rows' raw q.k logits, summed; contract in scheduled_attention.py) is linear in the
 queries, so a program sums its tile's score rows into one query per head (fp32) and, for every cache key
@@ -65,20 +61,19 @@ def _prune_configs(configs, named_args, **kwargs):
 
 # Tuned once per tile height / head dim / feature set / dtype; the step's lengths are not part of the key.
 # score_out is restored after every trial launch, since the kernel accumulates into it.
-@triton.autotune(configs=_configs(), key=["BLOCK_M", "HEAD_DIM", "HAS_KEEP", "HAS_INQ", "HAS_SCORE", "ONE_PASS",
-                                          "N_PARTS"],
+@triton.autotune(configs=_configs(), key=["BLOCK_M", "HEAD_DIM", "HAS_KEEP", "HAS_INQ", "HAS_SCORE", "ONE_PASS"],
                  prune_configs_by={"early_config_prune": _prune_configs}, restore_value=["score_out_ptr"])
 @triton.jit(do_not_specialize=["stride_inq", "tile_rows", "group", "n_splits", "n_rows"])
 def _attention_split_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr,
     tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr, kv_start_ptr, kv_len_ptr,
     kv_keep_ptr, inq_start_ptr, inq_mask_ptr, score_query_ptr, score_out_ptr,
-    acc_ws_ptr, m_ws_ptr, l_ws_ptr, arrivals_ptr,
+    acc_ws_ptr, m_ws_ptr, l_ws_ptr,
     stride_q, stride_k, stride_v, stride_out, stride_inq,
     tile_rows, group, n_splits, n_rows, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_KEEP: tl.constexpr, HAS_INQ: tl.constexpr, HAS_SCORE: tl.constexpr, ONE_PASS: tl.constexpr,
-    N_PARTS: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -141,16 +136,6 @@ def _attention_split_kernel(
         tl.store(m_ws_ptr + ws_row, m_i, mask=row_ok)
         tl.store(l_ws_ptr + ws_row, l_i, mask=row_ok)
         tl.store(acc_ws_ptr + ws_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
-        if N_PARTS > 0:  # merged here, by the (tile, head)'s last part to arrive, instead of by the combine kernel
-            # Every warp's stores precede the arrival (one thread's gpu-scope acq_rel atomic after a CTA barrier);
-            # the last part's loads follow its own acquire and bypass L1 (.cg).
-            tl.debug_barrier()
-            counter = arrivals_ptr + tile * tl.num_programs(1) + head
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == N_PARTS - 1:
-                tl.store(counter, 0)  # every part has counted in: ready for the next launch
-                for z in tl.static_range(BLOCK_M // COMBINE_ROWS):
-                    _merge_rows(out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, q0, q_end, tile_rows, z * COMBINE_ROWS,
-                                head, tl.num_programs(1), n_rows, stride_out, HEAD_DIM, BLOCK_D, N_PARTS)
 
 
 @triton.autotune(configs=_combine_configs(), key=["BLOCK_M", "HEAD_DIM", "N_PARTS"])
@@ -162,30 +147,22 @@ def _attention_combine_kernel(
 ):
     """Program z merges output rows [16z, 16z + 16) of its tile."""
     tile = tl.program_id(0)
+    head = tl.program_id(1)
+    z = tl.program_id(2)
     seq = tl.load(tile_seq_ptr + tile)
     q_end = tl.load(q_start_ptr + seq) + tl.load(q_len_ptr + seq)
-    _merge_rows(out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, tl.load(tile_q0_ptr + tile), q_end, tile_rows,
-                tl.program_id(2) * COMBINE_ROWS, tl.program_id(1), tl.num_programs(1), n_rows, stride_out, HEAD_DIM,
-                BLOCK_D, N_PARTS)
-
-
-@triton.jit
-def _merge_rows(out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, q0, q_end, tile_rows, first, head, n_heads, n_rows,
-                stride_out, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, N_PARTS: tl.constexpr):
-    """Merge the parts of the tile's rows [first, first + 16) into their normalised output (workspace loads
-    bypass L1: another SM may have written them in this launch)."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    part_stride = (n_rows * n_heads).to(tl.int64)
-    rows, row_ok = _tile_slice(q0, q_end, tile_rows, first, COMBINE_ROWS)
-    ws_row = rows.to(tl.int64) * n_heads + head
+    part_stride = (n_rows * tl.num_programs(1)).to(tl.int64)
+    rows, row_ok = _tile_slice(tl.load(tile_q0_ptr + tile), q_end, tile_rows, z * COMBINE_ROWS, COMBINE_ROWS)
+    ws_row = rows.to(tl.int64) * tl.num_programs(1) + head
     m_f, l_f = _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, N_PARTS, COMBINE_ROWS)
     m_ref = tl.where(m_f == float("-inf"), 0.0, m_f)
     acc = tl.zeros([COMBINE_ROWS, BLOCK_D], dtype=tl.float32)
     for p in tl.static_range(N_PARTS):
-        m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"))
         acc_ptrs = acc_ws_ptr + (p * part_stride + ws_row)[:, None] * HEAD_DIM + offs_d[None, :]
-        acc_p = tl.load(acc_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
+        acc_p = tl.load(acc_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
         acc += acc_p * tl.exp2(m_p - m_ref)[:, None]
     out = acc * (1.0 / tl.maximum(l_f, 1.0))[:, None]  # l_f == 0: no visible key, acc is 0, output 0
     out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_out + (head * HEAD_DIM + offs_d)[None, :]
@@ -216,8 +193,8 @@ def _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, N_PARTS: 
     m_f = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
     l_f = tl.zeros([BLOCK], dtype=tl.float32)
     for p in tl.static_range(N_PARTS):
-        m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-        l_p = tl.load(l_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=0.0, cache_modifier=".cg")
+        m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"))
+        l_p = tl.load(l_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=0.0)
         m_new = tl.maximum(m_f, m_p)
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # empty parts carry (-inf, 0, 0)
         l_f = l_f * tl.exp2(m_f - m_ref) + l_p * tl.exp2(m_p - m_ref)

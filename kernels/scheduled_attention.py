@@ -224,12 +224,11 @@ class ScheduledAttention:
     backend "torch" runs the reference loop; "triton" the split-KV kernels (Triton is imported here, once).
     check_inputs=True validates shapes, dtypes and strides on every call (host metadata only, no device
     synchronisation); off, a call does a dict lookup and its launches. n_splits pins the key-split count and
-    n_sms the SM count it is chosen for (tests, benchmarks); by default it is chosen per plan shape. merge
-    ("combine", the default, or "fold") says how a split call merges its parts (_scheduled_attention_launcher.py).
+    n_sms the SM count it is chosen for (tests, benchmarks); by default it is chosen per plan shape.
     """
 
     def __init__(self, backend: str, n_heads: int, n_kv_heads: int, head_dim: int, check_inputs: bool = False,
-                 n_splits: int | None = None, n_sms: int | None = None, merge: str = "combine"):
+                 n_splits: int | None = None, n_sms: int | None = None):
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv_heads}")
         self.backend, self.n_heads, self.n_kv_heads, self.head_dim = backend, n_heads, n_kv_heads, head_dim
@@ -240,8 +239,7 @@ class ScheduledAttention:
         elif backend == "triton":
             from ._scheduled_attention_launcher import TritonScheduledAttention  # imports triton
 
-            self.triton = TritonScheduledAttention(n_heads, n_kv_heads, head_dim, n_splits=n_splits, n_sms=n_sms,
-                                                   merge=merge)
+            self.triton = TritonScheduledAttention(n_heads, n_kv_heads, head_dim, n_splits=n_splits, n_sms=n_sms)
             self._run = self.triton
         else:
             raise ValueError(f"unknown kernel backend {backend!r}")

@@ -122,12 +122,12 @@ def check(batch: Batch, op: ScheduledAttention, with_score: bool = False):
     return out, out_ref, score, score_ref
 
 
-@pytest.mark.parametrize("n_splits,merge", [(1, "combine"), (3, "combine"), (3, "fold")])
+@pytest.mark.parametrize("n_splits", [1, 3])
 @pytest.mark.parametrize("n_heads,n_kv_heads,head_dim", [(4, 4, 16), (4, 2, 32)], ids=["mha", "gqa"])
-def test_ragged_batch_matches_reference(n_heads, n_kv_heads, head_dim, n_splits, merge):
+def test_ragged_batch_matches_reference(n_heads, n_kv_heads, head_dim, n_splits):
     """A 1-token sequence, a 37-token one and a 300-token one, each with its own kv length."""
     batch = Batch([1, 37, 300], [50, 300, 129], n_heads, n_kv_heads, head_dim, torch.float32)
-    check(batch, batch.op(n_splits, merge=merge))
+    check(batch, batch.op(n_splits))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -225,30 +225,13 @@ def test_empty_sequence_in_the_batch():
 
 @pytest.mark.parametrize("n_heads,n_kv_heads,n_splits", [(4, 4, 1), (4, 2, 2), (4, 4, 3), (4, 2, 7)],
                          ids=["mha-1", "gqa-2", "mha-3", "gqa-7"])  # each count once, each geometry twice
-@pytest.mark.parametrize("merge", ["combine", "fold"])
-def test_static_plan_matches_reference(n_heads, n_kv_heads, n_splits, merge):
+def test_static_plan_matches_reference(n_heads, n_kv_heads, n_splits):
     """Padded rows, kv_len far below max_kv_len (600), a sequence with no cache keys, one whose 50 keys fill
     one granule (7 splits: six empty), a full 24-row budget (its second 16-row tile reaches past it into the
     next sequence's rows); exclusions, in-query keys and attention mass."""
     batch = StaticBatch([13, 24, 1, 22], [50, 333, 0, 190], 24, 600, n_heads, n_kv_heads, 16, torch.float32,
                         keep_prob=0.2, in_query=True, score_prob=0.3)
-    check(batch, batch.op(n_splits, merge=merge), with_score=True)
-
-
-def test_folded_merge_leaves_its_counters_ready_for_the_next_launch():
-    """Every (tile, head) counter is back at zero after a launch, so a second launch (a graph replay) merges
-    again: two calls give the same output, and no combine launch is scheduled."""
-    batch = StaticBatch([13, 3], [150, 600], 32, 640, 4, 2, 16, torch.float32, keep_prob=0.1, in_query=True,
-                        score_prob=0.3, fill=None)
-    op = batch.op(3, merge="fold")
-    first, *_ = check(batch, op, with_score=True)
-    bucket = op.triton.bucket(batch.q, batch.plan, batch.score_init)
-    assert bucket.combine_grid is None and bucket.arrivals.shape == (batch.plan.n_tiles * 4,)
-    assert int(bucket.arrivals.abs().sum()) == 0
-    second, _ = batch.run(op)
-    assert torch.equal(first[batch.valid], second[batch.valid]) and int(bucket.arrivals.abs().sum()) == 0
-    with pytest.raises(ValueError, match="merge"):
-        batch.op(3, merge="later")
+    check(batch, batch.op(n_splits), with_score=True)
 
 
 def test_static_plan_ignores_padding_contents():
@@ -358,22 +341,20 @@ def decode_step(model: str, n_seqs: int, in_query: bool = False, fill=float("nan
 @needs_gpu
 @pytest.mark.parametrize("n_seqs", [1, 8, 32])
 @pytest.mark.parametrize("model", sorted(MODELS))
-@pytest.mark.parametrize("merge", ["combine", "fold"])
-def test_decode_step_full_shapes_bf16(model, n_seqs, merge):
+def test_decode_step_full_shapes_bf16(model, n_seqs):
     batch = decode_step(model, n_seqs, in_query=n_seqs == 1)
-    op = batch.op(merge=merge)
+    op = batch.op()
     check(batch, op, with_score=True)
     if n_seqs == 1:
         assert op.key_splits(batch.q, batch.plan, batch.score_init) > 1  # the point of the split path
 
 
 @needs_gpu
-@pytest.mark.parametrize("merge", ["combine", "fold"])
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_cuda_graph_replay_follows_rewritten_plan(model, merge):
+def test_cuda_graph_replay_follows_rewritten_plan(model):
     """Capture once; each replay after rewriting q, q_len, kv_len and kv_start in place matches the reference."""
     batch = decode_step(model, 2, fill=None)
-    op, score = batch.op(merge=merge), torch.zeros_like(batch.score_init)
+    op, score = batch.op(), torch.zeros_like(batch.score_init)
     op(batch.q, batch.k_cache, batch.v_cache, batch.plan, score)  # eager: schedule, workspace, compile, tune
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

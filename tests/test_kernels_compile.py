@@ -81,7 +81,7 @@ def compile_fused_qkv(log, capability: int) -> None:
 
 def compile_scheduled_attention(log, capability: int) -> None:
     """The engine's tile height with the feature sets the engine launches:
-    plain, attention mass (Flash-Cache; with the split merge folded in), kept keys + in-query keys (Flash-Verify);
+    plain, attention mass (Flash-Cache), kept keys + in-query keys (Flash-Verify);
     128 tokens over a 4096-key context split the keys (two kernels), 4096 tokens fill the GPU in one pass."""
     from flash_dllm.engine.packing import ATTENTION_BLOCK_M
     from flash_dllm.kernels._scheduled_attention_launcher import TritonScheduledAttention
@@ -89,21 +89,19 @@ def compile_scheduled_attention(log, capability: int) -> None:
 
     context = 4096
     for model, (n_heads, n_kv_heads, head_dim, _, _, _) in MODELS.items():
-        ops = {merge: TritonScheduledAttention(n_heads, n_kv_heads, head_dim, n_sms=SM_COUNT[capability], merge=merge)
-               for merge in ("combine", "fold")}
+        op = TritonScheduledAttention(n_heads, n_kv_heads, head_dim, n_sms=SM_COUNT[capability])
         for n_tokens in TOKEN_COUNTS:
             rows = context + n_tokens  # the sequence's cache keys, then its in-query keys
             q, k_cache, v_cache = meta(n_tokens, n_heads * head_dim), *(meta(rows, n_kv_heads * head_dim),) * 2
             score = dict(score_query=meta(n_tokens, dtype=torch.bool))
-            features = {"plain": {}, "score": score, "score-fold": score,
+            features = {"plain": {}, "score": score,
                         "keep+inq": dict(kv_keep=meta(rows, dtype=torch.bool), inq_starts=[context],
                                          inq_mask=meta(n_tokens, n_tokens, dtype=torch.bool))}
             for name, extra in features.items():
-                op = ops["fold" if name.endswith("fold") else "combine"]
                 plan = build_plan([n_tokens], [0], [context], "meta", block_m=ATTENTION_BLOCK_M, **extra)
                 splits = op.bucket(q, plan, meta(rows, dtype=torch.float32)).n_splits
                 log.choice = f"scheduled_attention {name} {model} {n_tokens} tokens ({splits} splits)"
-                op(q, k_cache, v_cache, plan, meta(rows, dtype=torch.float32) if "score" in name else None)
+                op(q, k_cache, v_cache, plan, meta(rows, dtype=torch.float32) if name == "score" else None)
 
 
 def compile_small_ops(log, capability: int) -> None:
@@ -185,5 +183,5 @@ def test_kernels_compile_for_gpus(capability, family):
     assert not failures, "\n".join(failures)
     choices = {k.choice.split(" (")[0] for k in kernels}
     paths = len(fused_qkv_paths_on(capability)) if family == "fused_qkv" else 1
-    variants = {"scheduled_attention": 4}.get(family, 1)  # feature sets
+    variants = {"scheduled_attention": 3}.get(family, 1)  # feature sets
     assert len(choices) == paths * variants * len(MODELS) * len(TOKEN_COUNTS), sorted(choices)
