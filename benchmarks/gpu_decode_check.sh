@@ -2,7 +2,7 @@
 # On a CUDA machine: the decode step's GPU tests (graph replay == eager, tiny and full geometry), the kernels'
 # GPU tests, `flash-dllm-chat bench decode` and a profile of a steady step. Works from a bare checkout.
 # Usage: benchmarks/gpu_decode_check.sh [stage ...]   stages: decode-tests kernel-tests bench profile concurrent
-# families (default all but concurrent and families)
+# families memory (default all but concurrent, families and memory)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-benchmarks/results/gpu-check}
@@ -43,6 +43,8 @@ for stage in $stages; do
               timeout 200 python3 -m flash_dllm.engine.bench decode --geometry llada2-mini --methods block-diffusion \
                 --batch-sizes 1 --iterations "${ITERATIONS:-150}" --out "$out/bench-llada2" 2>&1 | tail -8
               timeout 200 python3 benchmarks/bench_moe.py 2>&1 | tail -12 | tee "$out/moe.log" ;;
+    memory) timeout 300 python3 benchmarks/probe_memory.py --geometry "${GEOMETRY:-llada-8b}" \
+              --method "${PROFILE_METHOD:-flash-cache}" --batch "${MEMORY_BATCH:-32}" 2>&1 | tail -24 | tee "$out/memory.log" ;;
     profile) timeout 300 python3 benchmarks/profile_step.py --geometry "${GEOMETRY:-llada-8b}" \
                --method "${PROFILE_METHOD:-flash-cache}" 2>&1 | tail -32 | tee "$out/profile.log" ;;
   esac
