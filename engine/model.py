@@ -186,7 +186,7 @@ def bind_kernels(config: ModelConfig, backend: str) -> KernelOps:
 
 
 # Flash-dLLM's official code ranks tracked tokens by the window's attention logits summed over the layers after
-# the first two (whose attention is mostly positional); a model of two layers or fewer scores every layer.
+# the first two (it does not say why); a model of two layers or fewer scores every layer, so it still ranks.
 MASS_SKIPS_LAYERS = 2
 
 
