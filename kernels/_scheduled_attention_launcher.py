@@ -5,8 +5,9 @@ tile height, the plan's static `max_kv_len` and which optional inputs are presen
 picks the split count, the grids and the workspace; later calls only launch, so a call can be captured in a
 CUDA graph and replayed with new plan tensor contents. Nothing here reads plan tensor values.
 
-The workspace (the splits' partials) is one grow-only fp32 buffer per device shared by all buckets (stream-ordered launches reuse it; do not run one op on two streams at once). A buffer
-that is outgrown stays alive, because a graph captured earlier may still point into it.
+The workspace (the splits' partials) is one grow-only fp32 buffer per device shared by all buckets
+(stream-ordered launches reuse it; do not run one op on two streams at once). A buffer that is outgrown stays
+alive, because a graph captured earlier may still point into it.
 """
 from __future__ import annotations
 
@@ -115,8 +116,8 @@ class TritonScheduledAttention:
         )
         if bucket.combine_grid:
             _attention_combine_kernel[bucket.combine_grid](
-                out, plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, *workspace, out.stride(0),
-                plan.block_m, q.shape[0], **bucket.combine_meta,
+                out, plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len, *workspace,
+                out.stride(0), plan.block_m, q.shape[0], **bucket.combine_meta,
             )
         return out
 

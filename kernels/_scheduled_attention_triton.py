@@ -10,16 +10,17 @@ Two launches when the keys are split (flash-decoding style), one when they are n
   part n_splits its in-query keys (Flash-Verify). It writes the unnormalised partial (acc, row max, row sum)
   to a workspace. With ONE_PASS (a single split) one program walks all keys, then in-query keys, and writes
   the normalised output itself, so no workspace and no second launch.
-* `_attention_combine_kernel`, grid (query tiles, query heads, BLOCK_M / 16): program z merges the parts of 16 of the tile's rows into their final (row max, row sum) and
-  normalised output. The number of parts is a compile-time constant (fixed per schedule bucket), so the loops
-  over parts unroll and their loads are issued together instead of one dependent round trip per part: at
-  batch 1 the combine is a chain of memory latencies, not a bandwidth problem.
+* `_attention_combine_kernel`, grid (query tiles, query heads, BLOCK_M / 16): program z merges the parts of
+  16 of the tile's rows into their final (row max, row sum) and normalised output. The number of parts is a
+  compile-time constant (fixed per schedule bucket), so the loops over parts unroll and their loads are issued
+  together instead of one dependent round trip per part: at batch 1 the combine is a chain of memory
+  latencies, not a bandwidth problem.
 
 Attention mass (the window rows' raw q.k logits, summed; contract in scheduled_attention.py) is linear in the
 queries, so a program sums its tile's score rows into one query per head (fp32) and, for every cache key
 block it loads anyway, adds that query's dot with each key into score_out: no second pass over the keys, no
-row statistics, nothing for the combine to do. Tiles and heads add with relaxed float atomics: the summation order, hence the low bits,
-varies from run to run on a GPU.
+row statistics, nothing for the combine to do. Tiles and heads add with relaxed float atomics: the summation
+order, hence the low bits, varies from run to run on a GPU.
 
 Sequence lengths, tile counts and key counts are runtime values, so one compiled variant serves every step;
 only the tile height, the head dim, which optional inputs are present and ONE_PASS select a variant.
@@ -141,7 +142,7 @@ def _attention_split_kernel(
 @triton.autotune(configs=_combine_configs(), key=["BLOCK_M", "HEAD_DIM", "N_PARTS"])
 @triton.jit(do_not_specialize=["tile_rows", "n_rows"])
 def _attention_combine_kernel(
-    out_ptr, tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr,
+    out_ptr, tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr, kv_start_ptr, kv_len_ptr,
     acc_ws_ptr, m_ws_ptr, l_ws_ptr, stride_out, tile_rows, n_rows,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, N_PARTS: tl.constexpr,
 ):
@@ -149,12 +150,12 @@ def _attention_combine_kernel(
     tile = tl.program_id(0)
     head = tl.program_id(1)
     z = tl.program_id(2)
-    seq = tl.load(tile_seq_ptr + tile)
-    q_end = tl.load(q_start_ptr + seq) + tl.load(q_len_ptr + seq)
+    _, q0, q_end, _, _ = _tile_bounds(tile, tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr, kv_start_ptr,
+                                      kv_len_ptr)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     part_stride = (n_rows * tl.num_programs(1)).to(tl.int64)
-    rows, row_ok = _tile_slice(tl.load(tile_q0_ptr + tile), q_end, tile_rows, z * COMBINE_ROWS, COMBINE_ROWS)
+    rows, row_ok = _tile_slice(q0, q_end, tile_rows, z * COMBINE_ROWS, COMBINE_ROWS)
     ws_row = rows.to(tl.int64) * tl.num_programs(1) + head
     m_f, l_f = _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, N_PARTS, COMBINE_ROWS)
     m_ref = tl.where(m_f == float("-inf"), 0.0, m_f)
