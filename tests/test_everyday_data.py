@@ -68,6 +68,17 @@ def test_everyday_test_items_are_held_out_by_numbers_and_by_template():
                     else tasks_everyday.template_held_out(*frame))
 
 
+def test_training_only_list_phrasings_are_no_test_phrasing():
+    """The widened training phrasings of list requests leave every held-out phrasing held out."""
+    from flash_dllm.engine.training import tasks_everyday_lists as lists
+
+    tests = {frame.removeprefix("test:") for frames, _ in lists.FRAMES.values() for frame in frames
+             if frame.startswith("test:")}
+    train_only = {frame for frames in lists.TRAIN_ONLY.values() for frame in frames}
+    assert len(tests) == len(lists.FRAMES) and not tests & train_only
+    assert not any(frame.startswith("test:") for frame in train_only)
+
+
 @pytest.mark.parametrize("family", HASHED)
 def test_no_held_out_prompt_is_ever_a_training_prompt(family):
     train = _train_prompts(family)
@@ -229,3 +240,23 @@ def test_training_only_sentences_say_the_operation_and_keep_the_reply_format():
         assert op == example.kind and typed == sentence.format(a=a, b=b).lower().rstrip("?")
     assert seen == set(range(len(tasks_everyday.TRAIN_ONLY_WORDED)))
     assert all(e.meta["frame"][0] != "worded-train" for e in data.test_set("everyday", 300))
+
+
+def test_everyday_checker_accepts_swapped_operands_only_where_they_commute():
+    """"Add 2 to 17" -> "17 + 2 = 19." is right; "Take 2 away from 17" -> "2 - 17 = 15." is not."""
+    checked = {}
+    for example in data.test_set("everyday", 200):
+        if example.kind in checked:
+            continue
+        a, b, answer = example.meta["a"], example.meta["b"], example.meta["answer"]
+        if a == b:
+            continue
+        symbol = tasks_everyday.SYMBOL[example.kind]
+        assert data.check(example, example.response) and data.check(example, " " + example.response + "\n")
+        swapped = f"{b} {symbol} {a} = {answer}."
+        assert data.check(example, swapped) == (example.kind in ("add", "mul")), (example.kind, swapped)
+        assert not data.check(example, f"{b} {symbol} {a} = {answer + 1}.")
+        assert not data.check(example, f"{a} {symbol} {b} = {answer + 1}.")
+        assert not data.check(example, f"{a} {symbol} {b} = {answer}")  # the trained form ends with a full stop
+        checked[example.kind] = True
+    assert sorted(checked) == ["add", "div", "mul", "sub"]

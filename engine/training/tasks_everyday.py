@@ -60,6 +60,18 @@ TRAIN_ONLY_WORDED = [
     ("mul", "Times {a} by {b}"), ("mul", "Multiply {a} with {b}"), ("mul", "What is {a} lots of {b}?"),
     ("div", "Split {a} into {b} equal parts"), ("div", "How many times does {b} go into {a}?"),
     ("div", "Share {a} between {b}"),
+    # The same operations in more sentence shapes: the operand that "from", "off", "onto" or "by" marks is read
+    # from the words wherever it stands (the held-out sentences of WORDED are none of these).
+    ("add", "Add up {a} and {b}"), ("add", "Add together {a} and {b}"),
+    ("add", "Plus {a} and {b}"), ("add", "Total {a} and {b}"), ("add", "What do you get if you add {a} and {b}?"),
+    ("add", "Combine {a} and {b}"), ("add", "Put {a} onto {b}"),
+    ("sub", "Take {b} off {a}"), ("sub", "Knock {b} off {a}"),
+    ("sub", "From {a} take away {b}"), ("sub", "From {a} subtract {b}"), ("sub", "Start at {a} and take away {b}"),
+    ("sub", "What is {b} less than {a}?"), ("sub", "Take off {b} from {a}"), ("sub", "Count back {b} from {a}"),
+    ("mul", "Multiply {a} times {b}"), ("mul", "Multiply together {a} and {b}"), ("mul", "Find the product of {a} and {b}"),
+    ("mul", "What is {a} groups of {b}?"),
+    ("div", "Divide {a} into groups of {b}"), ("div", "Share {a} equally between {b}"), ("div", "Find {a} divided by {b}"),
+    ("div", "How many groups of {b} are in {a}?"),
 ]
 SYMBOL = {"add": "+", "sub": "-", "mul": "×", "div": "÷"}
 OP_WEIGHTS = {"add": 1.0, "sub": 1.0, "mul": 1.0, "div": 1.0}  # the test split: all four alike
@@ -159,7 +171,15 @@ def everyday_arithmetic(rng: random.Random, split: str) -> Example:
 
 
 def check_everyday(example: Example, text: str) -> bool:
-    return text.strip() == example.response
+    """The reply line exactly, or, for + and ×, the same line with the operands swapped: "Add 2 to 17" answered
+    "17 + 2 = 19." is right (the trained form writes the operands in the order they are named)."""
+    reply = text.strip()
+    if reply == example.response:
+        return True
+    if example.kind not in ("add", "mul"):
+        return False
+    a, b, answer = example.meta["a"], example.meta["b"], example.meta["answer"]
+    return reply == f"{b} {SYMBOL[example.kind]} {a} = {answer}."
 
 
 def is_held_out_pair(op: str, a: int, b: int) -> bool:

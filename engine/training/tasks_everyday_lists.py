@@ -36,6 +36,33 @@ FRAMES = {
                   "test:please count from {a} to {b}", "list the numbers from {a} to {b}",
                   "count up from {a} to {b}"], "Counting: {out}."),
 }
+# Training only: more phrasings of each request, so that the kind is read from its words ("big to small",
+# "largest", "count") in whatever sentence they stand. None is a test phrasing of FRAMES; the test split never
+# draws from here, so the held-out items stay the same.
+TRAIN_ONLY = {
+    "sort_up": ["sort {items} from smallest to biggest", "sort {items} from low to high",
+                "sort these from small to big: {items}", "order these from smallest to largest: {items}",
+                "put these in order: {items}", "sort {items} in ascending order", "sort the numbers {items}",
+                "sort {items} for me", "sort these please: {items}", "could you sort {items}"],
+    "sort_down": ["sort {items} from high to low", "sort these from largest to smallest: {items}",
+                  "sort these from biggest to smallest: {items}", "sort {items} biggest first",
+                  "arrange {items} from big to small", "sort {items} in descending order",
+                  "put these in order from largest to smallest: {items}", "sort {items} from big to small please",
+                  "can you sort {items} from largest to smallest", "sort these, largest first: {items}"],
+    "largest": ["which number is biggest: {items}", "which number is the largest in {items}",
+                "find the largest number: {items}", "what is the biggest number, {items}", "largest of {items}?",
+                "which is the greatest: {items}", "tell me the largest of {items}"],
+    "smallest": ["which number is lowest: {items}", "which number is the smallest in {items}",
+                 "find the smallest number: {items}", "what is the lowest number, {items}", "smallest of {items}?",
+                 "which is the least: {items}", "tell me the smallest of {items}"],
+    "reverse": ["can you write {items} backwards", "reverse the list {items}", "please write {items} in reverse",
+                "reverse the order of {items}", "reverse these please: {items}"],
+    "count": ["how many are there: {items}", "count how many: {items}", "how many items are in {items}",
+              "count these items please: {items}"],
+    "count_to": ["please count to {b}", "count from {a} up to {b}", "count {a} to {b}", "can you count to {b} please",
+                 "could you count from {a} to {b}"],
+}
+TRAIN_ONLY_SHARE = 0.5  # of training items: a phrasing from TRAIN_ONLY instead of FRAMES
 KIND_WEIGHTS = {"sort_up": 2, "sort_down": 1, "largest": 1.5, "smallest": 1.5, "reverse": 1, "count": 1.5,
                 "count_to": 1.5}
 
@@ -57,7 +84,10 @@ def everyday_list(rng: random.Random, split: str) -> Example:
     test = split == "test"
 
     def make():
-        frame = rng.choice(frames)
+        if not test and rng.random() < TRAIN_ONLY_SHARE:
+            frame = rng.choice(TRAIN_ONLY[kind])
+        else:
+            frame = rng.choice(frames)
         if frame.startswith("test:") != test:
             return None
         frame = frame.removeprefix("test:")
