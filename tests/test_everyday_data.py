@@ -79,6 +79,21 @@ def test_training_only_list_phrasings_are_no_test_phrasing():
     assert not any(frame.startswith("test:") for frame in train_only)
 
 
+def test_training_only_word_problem_phrasings_stay_out_of_the_test_split():
+    """"gives 5 to her friend" and "does she have left" are trained; no test story uses a relation or a
+    training-only question, and the training split does."""
+    relations = re.compile(r"\b(friend|sister|brother|mom|dad|teacher|classmate|neighbour|cousin)\b")
+    for example in data.test_set("everyday_word", 300):
+        text = example.messages[-1]["content"]
+        assert "equally" in text or not relations.search(text), text
+        assert "have left now" not in text.lower()
+    rng, seen = random.Random(3), 0
+    for _ in range(3000):
+        text = data.sample(rng, "train", "everyday_word").messages[-1]["content"]
+        seen += bool("equally" not in text and relations.search(text))
+    assert seen > 50
+
+
 @pytest.mark.parametrize("family", HASHED)
 def test_no_held_out_prompt_is_ever_a_training_prompt(family):
     train = _train_prompts(family)

@@ -78,6 +78,16 @@ ONE_LINERS = {  # (operation, template); {g} groups, {k} per group, the answer i
             "{N} has {a} {obj} and puts them into {k} {places} equally. How many are in each {place}?",
             "{N} splits {a} {obj} into {k} equal {places}. How many {obj} are in each {place}?"],
 }
+# Training only (the test split never draws them, so the held-out items stay the same): the other person as
+# people name them ("gives 5 to her friend", where {M} is otherwise a name; "friend" must not read as sharing)
+# and "left" asked with a pronoun ("How many candies does she have left?").
+TRAIN_ONLY_OTHERS = ["{pos} friend", "a friend", "{pos} sister", "{pos} brother", "{pos} mom", "{pos} dad",
+                     "{pos} teacher", "a classmate", "{pos} neighbour", "{pos} cousin"]
+TRAIN_ONLY_QUESTIONS = {"own": ["How many {obj} does {s} have left?", "How many does {s} have left?",
+                                "how many {obj} does {s} have left now", "How many {obj} are left now?"],
+                        "place": ["How many {obj} are left?", "How many are left in the {place}?"]}
+TRAIN_ONLY_SHARE = 0.3  # of training stories: another person as a relation; a question from TRAIN_ONLY_QUESTIONS
+POSSESSIVE = {"he": "his", "she": "her"}
 SQUARE_PERIOD = 4
 ONE_LINER_SHARE = 0.3
 TWO_STEP_SHARE = 0.5
@@ -100,12 +110,16 @@ def _capital(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _story(rng: random.Random):
+def _story(rng: random.Random, train_only: bool = False):
+    """train_only: the training split's extra phrasings may replace the other person and the question (the
+    test split passes False and draws exactly the random numbers it always did)."""
     scene = rng.choice(["own", "own", "place"])
     name, other = rng.sample(list(PEOPLE), 2)
     pronoun = PEOPLE[name]
     place = rng.choice(list(PLACES))
     slots = dict(N=name, M=other, obj=rng.choice(OBJECT_WORDS), place=place, places=PLACES[place])
+    if train_only and rng.random() < TRAIN_ONLY_SHARE:
+        slots["M"] = rng.choice(TRAIN_ONLY_OTHERS).format(pos=POSSESSIVE[pronoun])
     past = rng.random() < 0.4
     count = rng.randint(2, MAX_START) if rng.random() < 0.8 else rng.randint(2, 20)
     opening = rng.choice([o for o in OPENINGS[scene] if ("had" in o or "were" in o) == past])
@@ -134,7 +148,10 @@ def _story(rng: random.Random):
     # "left" asks what remains: only after something was taken away
     q_index = rng.choice([i for i, q in enumerate(QUESTIONS[scene]) if " left" not in q or event.sign < 0])
     held |= question_held_out(scene, q_index)
-    question = QUESTIONS[scene][q_index].format(s=pronoun if scene == "own" else s, **slots)
+    question = QUESTIONS[scene][q_index]
+    if train_only and event.sign < 0 and rng.random() < TRAIN_ONLY_SHARE:
+        question = rng.choice(TRAIN_ONLY_QUESTIONS[scene])
+    question = question.format(s=pronoun if scene == "own" else s, **slots)
     return f"{text} {_capital(question) if rng.random() < 0.8 else question}", lines, value, held, numbers
 
 
@@ -159,7 +176,7 @@ def everyday_word_problem(rng: random.Random, split: str) -> Example:
 
     def make():
         kind = "one_liner" if rng.random() < ONE_LINER_SHARE else "story"
-        built = (_one_liner if kind == "one_liner" else _story)(rng)
+        built = _one_liner(rng) if kind == "one_liner" else _story(rng, train_only=not test)
         if built is None:
             return None
         text, lines, value, held, numbers = built
