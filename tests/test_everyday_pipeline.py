@@ -61,6 +61,11 @@ def test_the_new_families_evaluate_per_family_through_the_decoders(fresh, tmp_pa
         row = results["decoders"][decoder]
         assert set(row) == set(data.EVERYDAY_FAMILIES)
         assert all(row[f]["n"] == 3 and 0.0 <= row[f]["exact"] <= 100.0 for f in row)
+        for cell in row.values():  # the per-kind counts add up to the cell and to its exact rate
+            assert sum(n for _, n in cell["by_kind"].values()) == 3
+            assert abs(100.0 * sum(r for r, _ in cell["by_kind"].values()) / 3 - cell["exact"]) < 1e-9
+            assert len(cell["failures"]) == min(3, round(3 - 3 * cell["exact"] / 100))
+            assert all(f["kind"] in cell["by_kind"] for f in cell["failures"])
     assert "| everyday_word |" in evaluate.markdown_table(results)
     assert "final" in evaluate.markdown_table(results).split("| everyday_word |")[1].split("\n")[0]
 

@@ -72,9 +72,14 @@ def settings_for(decoder: Decoder, gen_length: int, block_length: int):
     return GenerationSettings(gen_length=gen_length, block_length=block_length, temperature=0.0, **overrides)
 
 
+MAX_FAILURES = 25  # wrong answers kept per cell (prompt, expected, got, kind): enough to see a pattern
+
+
 def evaluate_family(engine, examples, settings, batch_size: int) -> dict:
+    """Exact and final-answer rates, passes, tokens per forward; `by_kind` ({kind: [right, items]}) shows which
+    sub-task (an operation, a list request) the misses come from."""
     correct = final = passes = tokens = 0
-    failures = []
+    failures, by_kind = [], {}
     started = time.perf_counter()
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
@@ -85,13 +90,16 @@ def evaluate_family(engine, examples, settings, batch_size: int) -> dict:
             final += final_answer_correct(example, result.text) if example.family in WORKED_FAMILIES else ok
             passes += result.forward_passes
             tokens += len(result.token_ids)
-            if not ok and len(failures) < 3:
+            tally = by_kind.setdefault(example.kind, [0, 0])
+            tally[0] += ok
+            tally[1] += 1
+            if not ok and len(failures) < MAX_FAILURES:
                 failures.append({"prompt": example.messages[-1]["content"], "expected": example.response,
-                                 "got": result.text})
+                                 "got": result.text, "kind": example.kind})
     n = max(len(examples), 1)
     return {"n": len(examples), "exact": 100.0 * correct / n, "final_answer": 100.0 * final / n,
             "passes": passes / n, "tokens_per_forward": tokens / max(passes, 1),
-            "seconds": round(time.perf_counter() - started, 2), "failures": failures}
+            "seconds": round(time.perf_counter() - started, 2), "by_kind": by_kind, "failures": failures}
 
 
 def evaluate(engine, per_family: int, decoders=DEFAULT_DECODERS, families=data.FAMILIES, gen_length: int = 128,
@@ -156,7 +164,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", required=True, help="model folder (config.json, safetensors, tokenizer)")
     parser.add_argument("--per-family", type=int, default=500)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--out", default=None, help="write the full results (with failure samples) as JSON")
+    parser.add_argument("--out", default=None,
+                        help="write the full results (per-kind counts, up to 25 failures per cell) as JSON")
     parser.add_argument("--decoders", default=",".join(DEFAULT_DECODERS), help=f"from: {', '.join(DECODERS)}")
     parser.add_argument("--families", default=",".join(data.FAMILIES))
     parser.add_argument("--gen-length", type=int, default=128)
