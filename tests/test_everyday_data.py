@@ -94,6 +94,15 @@ def test_training_only_word_problem_phrasings_stay_out_of_the_test_split():
     assert seen > 50
 
 
+def test_training_only_out_of_scope_questions_stay_out_of_the_test_split():
+    """Questions with a year in them ("What happened in 1987?") are trained; the test split never draws one."""
+    assert all(example.kind != "train_only" for example in data.test_set("out_of_scope", 300))
+    rng = random.Random(6)
+    drawn = [data.sample(rng, "train", "out_of_scope") for _ in range(400)]
+    with_year = [e for e in drawn if e.kind == "train_only" and re.search(r"\b(19|20)\d\d\b", e.messages[-1]["content"])]
+    assert with_year and all(e.response == tasks_scope.OUT_OF_SCOPE_REPLY for e in with_year)
+
+
 @pytest.mark.parametrize("family", HASHED)
 def test_no_held_out_prompt_is_ever_a_training_prompt(family):
     train = _train_prompts(family)

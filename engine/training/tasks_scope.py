@@ -104,6 +104,20 @@ OOS_FILLERS = {  # (training fillers, test-only fillers)
 }
 
 
+# Training only (the test split never draws them, so the held-out items stay the same): questions with
+# numbers in them that are not sums (a year, a count of people), and short where/when/how-many fact questions,
+# the two shapes out-of-scope prompts are most often mistaken for arithmetic or small talk.
+TRAIN_ONLY_OOS = [
+    "What happened in {year}?", "Who was the president in {year}?", "What was the best song of {year}?",
+    "Who won the Olympics in {year}", "What is the biggest city in {x}?", "How many people live in {x}?",
+    "Where can I find {x} on a map?", "Where do penguins live?", "Where is the Eiffel Tower?",
+    "When did World War 2 end?", "How many moons does Jupiter have?", "How tall is Mount Everest?",
+    "How many players are on a football team?", "What is the tallest building in the world?",
+    "When was {x} founded?", "Which team won in {year}?", "How old is the king of {x}?", "where is the nearest shop",
+]
+TRAIN_ONLY_OOS_SHARE = 0.3  # of training out-of-scope items
+
+
 def _frame_parts(frame: str) -> tuple[str, bool, str | None]:
     test = frame.startswith("test:")
     text = frame[5:] if test else frame
@@ -115,6 +129,11 @@ def out_of_scope(rng: random.Random, split: str) -> Example:
     test = split == "test"
 
     def make():
+        if not test and rng.random() < TRAIN_ONLY_OOS_SHARE:
+            text = rng.choice(TRAIN_ONLY_OOS).replace("{year}", str(rng.randint(1900, 2030)))
+            text = text.replace("{x}", rng.choice(OOS_FILLERS["x"][0]))
+            return Example("out_of_scope", "train_only", [user(text.lower() if rng.random() < 0.3 else text)],
+                           OUT_OF_SCOPE_REPLY, {"valid": [OUT_OF_SCOPE_REPLY]})
         topic = rng.choice(list(OOS_FRAMES))
         text, frame_test, slot = _frame_parts(rng.choice(OOS_FRAMES[topic]))
         filler_test = False
