@@ -101,6 +101,7 @@ OOS_FILLERS = {  # (training fillers, test-only fillers)
            "football"], ["a haunted house", "friendship", "the moon"]),
     "v": (["French", "German", "Spanish", "Chinese", "Japanese"], ["Italian", "Korean"]),
     "u": (["cooking", "dating", "saving money", "learning to drive", "sleep"], ["job interviews", "gardening"]),
+    "year": ([str(year) for year in range(1900, 2031)], []),  # TRAIN_ONLY_OOS only
 }
 
 
@@ -130,12 +131,11 @@ def out_of_scope(rng: random.Random, split: str) -> Example:
 
     def make():
         if not test and rng.random() < TRAIN_ONLY_OOS_SHARE:
-            text = rng.choice(TRAIN_ONLY_OOS).replace("{year}", str(rng.randint(1900, 2030)))
-            text = text.replace("{x}", rng.choice(OOS_FILLERS["x"][0]))
-            return Example("out_of_scope", "train_only", [user(text.lower() if rng.random() < 0.3 else text)],
-                           OUT_OF_SCOPE_REPLY, {"valid": [OUT_OF_SCOPE_REPLY]})
-        topic = rng.choice(list(OOS_FRAMES))
-        text, frame_test, slot = _frame_parts(rng.choice(OOS_FRAMES[topic]))
+            topic, frame = "train_only", rng.choice(TRAIN_ONLY_OOS)
+        else:
+            topic = rng.choice(list(OOS_FRAMES))
+            frame = rng.choice(OOS_FRAMES[topic])
+        text, frame_test, slot = _frame_parts(frame)
         filler_test = False
         if slot is not None:
             train_fillers, test_fillers = OOS_FILLERS[slot]
