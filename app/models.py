@@ -74,17 +74,33 @@ BUNDLED_PURPOSES = {
 }
 
 
-def model_purpose(model: str | None) -> str:
-    """The purpose line of a bundled model ("" for any other): ``model`` is its name or its folder."""
+# How many earlier exchanges a bundled model reads before the last question. tiny-chat was trained on chats of
+# at most four exchanges before the question; after many more turns its answers drift, while a follow-up
+# ("now double it") needs only the exchange before it. Models not listed read as much as their context holds.
+BUNDLED_HISTORY = {"tiny-chat": 3}
+
+
+def bundled_name(model: str | None) -> str:
+    """The bundled model's name when ``model`` (a name or a folder) is a bundled model, else ""."""
     name = Path(model).name if model else ""
     if name not in BUNDLED_PURPOSES:
         return ""
     path = Path(model).expanduser()
     if not path.is_dir():
-        return BUNDLED_PURPOSES[name] if model == name else ""  # the bundled model named, not a folder
+        return name if model == name else ""  # the bundled model named, not a folder
     bundled = hub.bundled_model_path()
     same = bundled is not None and path.resolve().parent == bundled.resolve().parent
-    return BUNDLED_PURPOSES[name] if same else ""  # a folder of the same name elsewhere is another model
+    return name if same else ""  # a folder of the same name elsewhere is another model
+
+
+def model_purpose(model: str | None) -> str:
+    """The purpose line of a bundled model ("" for any other): ``model`` is its name or its folder."""
+    return BUNDLED_PURPOSES.get(bundled_name(model), "")
+
+
+def history_exchanges(model: str | None) -> int | None:
+    """How many earlier exchanges the page sends with a question to ``model`` (None: all that fit)."""
+    return BUNDLED_HISTORY.get(bundled_name(model))
 
 
 @dataclass(frozen=True)

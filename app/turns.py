@@ -14,7 +14,7 @@ from flash_dllm.app.canvas import empty_canvas_html
 from flash_dllm.app.chats import Chat, ChatStore, clean_text
 from flash_dllm.app.live import FRAME_S, LiveRun, RunView
 from flash_dllm.app.model_settings import DEFAULT_METHOD, DEFAULT_METHOD_B, page_settings
-from flash_dllm.app.models import ModelHost
+from flash_dllm.app.models import ModelHost, history_exchanges
 from flash_dllm.app.presets import KNOBS, build_settings
 from flash_dllm.app.sessions import Recordings, Sessions
 from flash_dllm.engine import SettingsError
@@ -73,6 +73,14 @@ def settings_meta(view: RunView, settings, model: str | None) -> dict:
             "steps": stats.steps, "forward_passes": stats.forward_passes, "elapsed_s": round(stats.elapsed_s, 3),
             "generated_tokens": stats.generated_tokens, "finish_reason": stats.finish_reason,
             "settings": settings.to_dict()}
+
+
+def left_out_note(dropped: int, window: int | None) -> str:
+    """The status's part that says what the answer did not see ("" when it saw the whole chat)."""
+    if not dropped:
+        return ""
+    why = "to fit the model's context" if window is None else f"(this model reads the last {window} exchanges)"
+    return f" · the {dropped} oldest messages were left out {why}"
 
 
 def stop_note(views: list[RunView], kept: bool, regenerate: bool) -> str:
@@ -176,7 +184,8 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
     ctx.host.gpu.acquire()
     try:
         engine = ctx.host.engine
-        prompt, dropped = engine.fit_conversation(prompt, settings)
+        window = history_exchanges(ctx.host.name)
+        prompt, dropped = engine.fit_conversation(prompt, settings, window)
         for label, run_settings in runs:
             if turn.stopped.is_set():
                 break
@@ -235,8 +244,7 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
     else:
         parts = [f"{v.label}: {v.stats.generated_tokens} tokens in {v.stats.elapsed_s:.2f} s "
                  f"({v.stats.tokens_per_s:.1f} tok/s, {v.stats.tokens_per_forward:.2f} tokens/forward)" for v in views]
-        status = note("Done. " + " · ".join(parts) + (f" · the {dropped} oldest messages were left out to fit "
-                                                       f"the model's context" if dropped else ""))
+        status = note("Done. " + " · ".join(parts) + left_out_note(dropped, window))
     recordings = [v.canvas for v in views]
     ctx.recordings.keep(session, chat.id, views)
     max_step = max((c.steps for c in recordings if c is not None), default=0)

@@ -140,13 +140,22 @@ class Engine:
                 "graphs": self.graphs, "params": cfg.n_params, "max_context": cfg.max_seq_len,
                 "default_method": self.default_method}
 
-    def fit_conversation(self, conversation: list[dict], settings: GenerationSettings) -> tuple[list[dict], int]:
-        """Leave out the oldest messages until the prompt plus ``gen_length`` fit the model's context. The
-        system prompt and the last user message always stay, and what remains starts at a user turn.
-        Returns the conversation and how many messages were left out."""
+    def fit_conversation(self, conversation: list[dict], settings: GenerationSettings,
+                         max_exchanges: int | None = None) -> tuple[list[dict], int]:
+        """Leave out the oldest messages until the prompt plus ``gen_length`` fit the model's context, and, with
+        ``max_exchanges``, until at most that many earlier exchanges (user turns) stand before the last user
+        message. The system prompt and the last user message always stay, and what remains starts at a user
+        turn. Returns the conversation and how many messages were left out."""
         limit = self.model.config.max_seq_len
         head = conversation[:1] if conversation and conversation[0]["role"] == "system" else []
         turns, dropped = conversation[len(head):], 0
+        if max_exchanges is not None:
+            if max_exchanges < 0:
+                raise SettingsError(f"max_exchanges must be at least 0, not {max_exchanges}")
+            users = [index for index, message in enumerate(turns) if message["role"] == "user"]
+            if len(users) > max_exchanges + 1:
+                dropped = users[-(max_exchanges + 1)]
+                turns = turns[dropped:]
         while limit and len(turns) > 1:
             try:
                 length = len(self.tokenizer.encode(head + turns, settings.use_chat_template))

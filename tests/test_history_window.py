@@ -1,0 +1,85 @@
+"""A long chat with the bundled model: the page sends only the last exchanges it was trained to read (issue #22),
+says so in the status, and keeps the whole chat on screen and on disk. Other models read all that fits."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flash_dllm.app import handlers
+from flash_dllm.app.chats import ChatStore
+from flash_dllm.app.models import BUNDLED_HISTORY, LoadOptions, ModelHost, history_exchanges
+from flash_dllm.app.turns import OUTPUTS, AppContext, left_out_note
+from flash_dllm.engine import Engine, GenerationSettings, SettingsError, hub
+
+
+def conversation(exchanges: int, system: bool = True) -> list[dict]:
+    messages = [{"role": "system", "content": "Be brief."}] if system else []
+    for turn in range(exchanges):
+        messages += [{"role": "user", "content": f"What is {turn} + 1?"},
+                     {"role": "assistant", "content": f"{turn} + 1 = {turn + 1}."}]
+    return messages + [{"role": "user", "content": "What is 7 + 8?"}]
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_llada):
+    return Engine.load(str(tiny_llada), device="cpu")
+
+
+@pytest.mark.parametrize("keep", [0, 1, 3])
+def test_the_oldest_exchanges_beyond_the_window_are_left_out(tiny_engine, keep):
+    chat = conversation(6)
+    settings = GenerationSettings(gen_length=32, block_length=32)
+    fitted, dropped = tiny_engine.fit_conversation(chat, settings, max_exchanges=keep)
+    assert dropped == 2 * (6 - keep)  # whole exchanges: a user message and its answer
+    assert fitted == [chat[0]] + chat[1 + dropped:]
+    assert fitted[1]["role"] == "user" and sum(m["role"] == "user" for m in fitted) == keep + 1
+    no_system = conversation(6, system=False)
+    assert tiny_engine.fit_conversation(no_system, settings, max_exchanges=keep)[0] == no_system[dropped:]
+
+
+def test_a_chat_within_the_window_or_without_one_is_untouched(tiny_engine):
+    settings = GenerationSettings(gen_length=32, block_length=32)
+    for chat in (conversation(3), conversation(0), conversation(2, system=False)):
+        assert tiny_engine.fit_conversation(chat, settings, max_exchanges=3) == (chat, 0)
+    long = conversation(6)
+    assert tiny_engine.fit_conversation(long, settings) == (long, 0)  # fits the context: all of it
+    with pytest.raises(SettingsError, match="at least 0"):
+        tiny_engine.fit_conversation(long, settings, max_exchanges=-1)
+
+
+def test_only_the_bundled_model_has_a_window(tmp_path):
+    bundled = hub.bundled_model_path()
+    assert bundled is not None and history_exchanges(str(bundled)) == BUNDLED_HISTORY["tiny-chat"] == 3
+    assert history_exchanges("tiny-chat") == 3
+    impostor = tmp_path / "tiny-chat"
+    impostor.mkdir()
+    for other in (str(impostor), "GSAI-ML/LLaDA-8B-Instruct", "", None):
+        assert history_exchanges(other) is None
+    assert left_out_note(0, 3) == left_out_note(0, None) == ""
+    assert "reads the last 3 exchanges" in left_out_note(4, 3)
+    assert "to fit the model's context" in left_out_note(4, None)
+
+
+def test_a_long_chat_with_the_bundled_model_is_answered_from_its_last_exchanges(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASH_DLLM_HOME", str(tmp_path / "home"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        folder = str(hub.bundled_model_path())
+        engine = Engine.load(folder, device="cpu")
+        ctx = AppContext(ModelHost(engine, LoadOptions(device="cpu"), name=folder), ChatStore(tmp_path / "chats"))
+        earlier = conversation(5, system=False)[:-1]
+        chat = ctx.store.get_or_create(None, "")
+        for message in earlier:
+            ctx.store.add_message(chat.id, message["role"], message["content"])
+        *_, last = handlers.chat(ctx, "What is 7 + 8?", chat_id=chat.id, method="flash-cache", gen_length=32,
+                                 block_length=32)
+        final = dict(zip(OUTPUTS, last, strict=True))
+        assert "the 4 oldest messages were left out (this model reads the last 3 exchanges)" in final["status"]
+        kept = ctx.store.get(chat.id).messages
+        assert kept[:len(earlier)] == earlier and len(kept) == len(earlier) + 2  # the whole chat stays
+        settings = GenerationSettings(method="flash-cache", gen_length=32, block_length=32)
+        expected = engine.generate([earlier[4:] + [{"role": "user", "content": "What is 7 + 8?"}]], settings)[0]
+        assert kept[-1]["content"] == expected.text  # the answer of the last three exchanges and the question
+    finally:
+        torch.set_num_threads(threads)
