@@ -284,3 +284,56 @@ def test_everyday_checker_accepts_swapped_operands_only_where_they_commute():
         assert not data.check(example, f"{a} {symbol} {b} = {answer}")  # the trained form ends with a full stop
         checked[example.kind] = True
     assert sorted(checked) == ["add", "div", "mul", "sub"]
+
+
+def _sentence_pattern(sentence: str) -> re.Pattern:
+    """A template as a regex: its numbers ({g} {k} {a}) captured, its words ({obj}, {place}, ...) any words."""
+    pattern = re.escape(tasks_everyday_word._capital(sentence))
+    pattern = re.sub(r"\\\{(g|k|a)\\\}", r"(\\d+)", pattern)
+    return re.compile(re.sub(r"\\\{\w+\\\}", r"[\\w ]+", pattern))
+
+
+def test_training_only_one_liners_are_trained_alone_and_answered_in_the_sentence_order():
+    """"There are 4 bags and each bag has 11 pens" is trained (x × y, or x ÷ y for the division sentences, in
+    the order the numbers stand); no held-out one-liner is one of them and no test prompt reads as one."""
+    word = tasks_everyday_word
+    held = {t for op, ts in word.ONE_LINERS.items() for i, t in enumerate(ts) if word.one_liner_held_out(op, i)}
+    assert not held & {t for ts in word.TRAIN_ONLY_ONE_LINERS.values() for t in ts}
+    patterns = {(op, i): _sentence_pattern(t) for op, ts in word.TRAIN_ONLY_ONE_LINERS.items() for i, t in enumerate(ts)}
+    rng, seen = random.Random(12), set()
+    for _ in range(6000):
+        example = data.sample(rng, "train", "everyday_word")
+        for (op, index), pattern in patterns.items():
+            match = pattern.fullmatch(example.messages[-1]["content"])
+            if match is None:
+                continue
+            x, y = map(int, match.groups())
+            r = x * y if op == "mul" else x // y
+            assert op == "mul" or x % y == 0
+            assert example.response == f"{x} {'×' if op == 'mul' else '÷'} {y} = {r}. The answer is {r}."
+            seen.add((op, index))
+    assert seen == set(patterns)
+    for example in data.test_set("everyday_word", 300):
+        assert not any(p.fullmatch(example.messages[-1]["content"]) for p in patterns.values())
+
+
+def test_short_digit_lists_and_mathematics_beyond_the_four_operations_are_trained():
+    """Training draws lists of small numbers ("sort 5 3 9 1") with right replies, and out-of-scope questions on
+    percentages, roots and powers with the "what I can do" reply; the test split draws neither kind."""
+    rng = random.Random(13)
+    small = 0
+    for _ in range(3000):
+        example = data.sample(rng, "train", "everyday_lists")
+        numbers = [int(n) for n in re.findall(r"\d+", example.messages[-1]["content"])]
+        if example.kind.startswith("sort") and numbers and max(numbers) <= 20:
+            small += 1
+            reply = example.response.split(": ", 1)[1].rstrip(".")
+            got = [int(n) for n in re.findall(r"\d+", reply)]
+            assert got == sorted(numbers, reverse=example.kind == "sort_down"), example
+    assert small > 30
+    rng = random.Random(14)
+    drawn = [data.sample(rng, "train", "out_of_scope") for _ in range(3000)]
+    beyond = [e for e in drawn if re.search(r"%|\^|sqrt|square root|squared|power of", e.messages[-1]["content"])]
+    assert len(beyond) > 20 and all(e.response == tasks_scope.OUT_OF_SCOPE_REPLY for e in beyond)
+    test_texts = [e.messages[-1]["content"] for e in data.test_set("out_of_scope", 300)]
+    assert not any(re.search(r"%|\^|sqrt|squared|power of", t) for t in test_texts)

@@ -63,6 +63,9 @@ TRAIN_ONLY = {
                  "could you count from {a} to {b}"],
 }
 TRAIN_ONLY_SHARE = 0.5  # of training items: a phrasing from TRAIN_ONLY instead of FRAMES
+# Training only: lists of single digits and small numbers ("sort 5 3 9 1"), which the 1-99 draw gives almost
+# never all at once, so that short digit lists are read one number per item.
+SMALL_NUMBER_SHARE = 0.2
 KIND_WEIGHTS = {"sort_up": 2, "sort_down": 1, "largest": 1.5, "smallest": 1.5, "reverse": 1, "count": 1.5,
                 "count_to": 1.5}
 
@@ -101,6 +104,9 @@ def everyday_list(rng: random.Random, split: str) -> Example:
             n = rng.randint(3, 8)
             if kind in ("count", "reverse") and rng.random() < 0.4:
                 items = rng.sample(WORDS, n)
+            elif not test and rng.random() < SMALL_NUMBER_SHARE:
+                n = min(n, 6)
+                items = rng.sample(range(0, 10 if rng.random() < 0.6 else 21), n)
             else:
                 items = rng.sample(range(1, 100 if rng.random() < 0.7 else 1000), n)
             ordered = sorted(items, reverse=kind != "sort_up") if kind.startswith("sort") else items

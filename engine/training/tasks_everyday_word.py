@@ -86,6 +86,21 @@ TRAIN_ONLY_OTHERS = ["{pos} friend", "a friend", "{pos} sister", "{pos} brother"
 TRAIN_ONLY_QUESTIONS = {"own": ["How many {obj} does {s} have left?", "How many does {s} have left?",
                                 "how many {obj} does {s} have left now", "How many {obj} are left now?"],
                         "place": ["How many {obj} are left?", "How many are left in the {place}?"]}
+# Training only: more sentences for the one-line multiplications and divisions, so that "each", "every" and
+# "equally" are read as the operation in sentences beyond the six of ONE_LINERS (whose held-out ones start "There
+# are": the trained ones rarely do, and the model answered them as stories). None is a held-out sentence.
+TRAIN_ONLY_ONE_LINERS = {
+    "mul": ["There are {g} {places} and each {place} has {k} {obj}. How many {obj} are there in all?",
+            "{g} {places} each hold {k} {obj}. How many {obj} altogether?",
+            "There are {g} {places}. Every {place} has {k} {obj} in it. How many {obj} in total?",
+            "If each of {g} {places} has {k} {obj}, how many {obj} are there?",
+            "{N} sees {g} {places} with {k} {obj} inside each one. How many {obj} does {s} see?"],
+    "div": ["There are {a} {obj}, split evenly into {k} {places}. How many {obj} go in each {place}?",
+            "{a} {obj} are packed into {k} {places} with the same number in each. How many {obj} are in one {place}?",
+            "There are {a} {obj} for {k} {places}, the same in every {place}. How many {obj} does each {place} get?",
+            "{N} divides {a} {obj} between {k} {places}. How many {obj} are in each {place}?"],
+}
+TRAIN_ONLY_ONE_LINER_SHARE = 0.4  # of training one-liners
 TRAIN_ONLY_SHARE = 0.3  # of training stories: another person as a relation; a question from TRAIN_ONLY_QUESTIONS
 POSSESSIVE = {"he": "his", "she": "her"}
 SQUARE_PERIOD = 4
@@ -155,20 +170,25 @@ def _story(rng: random.Random, train_only: bool = False):
     return f"{text} {_capital(question) if rng.random() < 0.8 else question}", lines, value, held, numbers
 
 
-def _one_liner(rng: random.Random):
+def _one_liner(rng: random.Random, train_only: bool = False):
+    """train_only: the training split may draw a sentence of TRAIN_ONLY_ONE_LINERS (the test split passes False
+    and draws exactly the random numbers it always did)."""
     op = rng.choice(["mul", "div"])
     index = rng.randrange(len(ONE_LINERS[op]))
     name = rng.choice(list(PEOPLE))
     place = rng.choice(list(PLACES))
     slots = dict(N=name, s=PEOPLE[name], obj=rng.choice(OBJECT_WORDS), place=place, places=PLACES[place])
     k, g = rng.randint(2, 12), rng.randint(2, 10)
+    template, held = ONE_LINERS[op][index], one_liner_held_out(op, index)
+    if train_only and rng.random() < TRAIN_ONLY_ONE_LINER_SHARE:
+        template, held = rng.choice(TRAIN_ONLY_ONE_LINERS[op]), False
     if op == "mul":
-        text = ONE_LINERS[op][index].format(k=k, g=g, **slots)
+        text = template.format(k=k, g=g, **slots)
         lines, value, numbers = [f"{g} × {k} = {g * k}."], g * k, [g, k]
     else:
-        text = ONE_LINERS[op][index].format(a=g * k, k=k, **slots)
+        text = template.format(a=g * k, k=k, **slots)
         lines, value, numbers = [f"{g * k} ÷ {k} = {g}."], g, [g * k, k]
-    return _capital(text), lines, value, one_liner_held_out(op, index), numbers
+    return _capital(text), lines, value, held, numbers
 
 
 def everyday_word_problem(rng: random.Random, split: str) -> Example:
@@ -176,7 +196,7 @@ def everyday_word_problem(rng: random.Random, split: str) -> Example:
 
     def make():
         kind = "one_liner" if rng.random() < ONE_LINER_SHARE else "story"
-        built = _one_liner(rng) if kind == "one_liner" else _story(rng, train_only=not test)
+        built = _one_liner(rng, train_only=not test) if kind == "one_liner" else _story(rng, train_only=not test)
         if built is None:
             return None
         text, lines, value, held, numbers = built

@@ -102,12 +102,13 @@ OOS_FILLERS = {  # (training fillers, test-only fillers)
     "v": (["French", "German", "Spanish", "Chinese", "Japanese"], ["Italian", "Korean"]),
     "u": (["cooking", "dating", "saving money", "learning to drive", "sleep"], ["job interviews", "gardening"]),
     "year": ([str(year) for year in range(1900, 2031)], []),  # TRAIN_ONLY_OOS only
+    "n": ([str(n) for n in range(2, 100)], []),  # TRAIN_ONLY_OOS only
 }
 
 
 # Training only (the test split never draws them, so the held-out items stay the same): questions with
-# numbers in them that are not sums (a year, a count of people), and short where/when/how-many fact questions,
-# the two shapes out-of-scope prompts are most often mistaken for arithmetic or small talk.
+# numbers in them that are not sums (a year, a count of people, mathematics it cannot do), and short
+# where/when/how-many fact questions, the shapes out-of-scope prompts are most often mistaken for arithmetic or small talk.
 TRAIN_ONLY_OOS = [
     "What happened in {year}?", "Who was the president in {year}?", "What was the best song of {year}?",
     "Who won the Olympics in {year}", "What is the biggest city in {x}?", "How many people live in {x}?",
@@ -115,6 +116,11 @@ TRAIN_ONLY_OOS = [
     "When did World War 2 end?", "How many moons does Jupiter have?", "How tall is Mount Everest?",
     "How many players are on a football team?", "What is the tallest building in the world?",
     "When was {x} founded?", "Which team won in {year}?", "How old is the king of {x}?", "where is the nearest shop",
+    # mathematics beyond its four operations on whole numbers, which it would otherwise answer as a sum
+    "What is {n}% of 80?", "what is 25% of {n}", "What is the square root of {n}?", "sqrt {n}", "What is {n} squared?",
+    "what is 2 to the power of {n}", "{n}^3", "What is {n}.5 + 1.25?", "What is 0.{n} times 4?",
+    "Solve x + {n} = 100", "What is the factorial of {n}?", "Is {n} a prime number?", "What is log of {n}?",
+    "What is sin {n}?", "Convert {n} miles to kilometers", "What is {n} in binary?",
 ]
 TRAIN_ONLY_OOS_SHARE = 0.3  # of training out-of-scope items
 

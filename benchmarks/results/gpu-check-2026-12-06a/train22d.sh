@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# prepared for the next device session (#22), not run yet: a warm start from the shipped weights (2026-12-06)
+# with the data added after them: training-only lists of single digits and small numbers ("sort 5 3 9 1"), and
+# out-of-scope questions on mathematics beyond the four operations ("what is 15% of 80", "sqrt 49", "7^3").
+# The 2026-12-06 run's mix and length. Run it from the repository root as one device call (about 8 minutes),
+# then `bash scripts/eval_tiny_cpu.sh` with MODEL at the weights it returns.
+INIT=assets/models/tiny-chat MINUTES=6 WALL=420 SEED=37 EVAL_NEW=40 EVAL_LIMIT=25 PF=100 DECODERS=llada,flash-cache \
+  EXTRA="--tokens-per-step 80000 --pool 3000000 --block-view-share 0.65 --families word:0.19,multi:0.13,arith:0.02,\
+lists:0.02,multiturn:0.02,chat:0.01,everyday:0.31,everyday_word:0.15,everyday_lists:0.08,everyday_chat:0.02,\
+out_of_scope:0.05" bash scripts/train_tiny_h200.sh
