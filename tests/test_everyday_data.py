@@ -337,3 +337,32 @@ def test_short_digit_lists_and_mathematics_beyond_the_four_operations_are_traine
     assert len(beyond) > 20 and all(e.response == tasks_scope.OUT_OF_SCOPE_REPLY for e in beyond)
     test_texts = [e.messages[-1]["content"] for e in data.test_set("out_of_scope", 300)]
     assert not any(re.search(r"%|\^|sqrt|squared|power of", t) for t in test_texts)
+
+
+def test_follow_ups_are_trained_after_everyday_questions_and_typed_casually():
+    """"What is 8 + 9?" then "now double it" is trained (the reply acts on the everyday answer); the test split
+    keeps its old first questions and capitalised follow-ups."""
+    from flash_dllm.engine.training import tasks_arith
+
+    old_first = re.compile(r"^(\d+) ([-+×]) (\d+) = \?$|^(What is|Compute|Calculate|How much is|Add|Subtract|Multiply)")
+    rng, everyday_first, casual = random.Random(15), 0, 0
+    for _ in range(2000):
+        example = data.sample(rng, "train", "multiturn")
+        turns = [m for m in example.messages if m["role"] != "system"]
+        if turns[0]["content"] in {hello for hello, _ in tasks_arith.GREETING_TURN}:  # a greeting first
+            turns = turns[2:]
+        first_line = LINE.match(turns[1]["content"])
+        assert first_line, turns[1]
+        value = int(first_line.group(4))
+        for question, answer in zip(turns[2::2], [*turns[3::2], {"content": example.response}]):
+            step = LINE.match(answer["content"])
+            assert step and int(step.group(1)) == value  # each follow-up acts on the previous answer
+            value = int(step.group(4))
+            casual += question["content"][:1].islower() and not question["content"].endswith(".")
+        everyday_first += not old_first.match(turns[0]["content"])
+    assert everyday_first > 200 and casual > 200
+    greetings = {hello for hello, _ in tasks_arith.GREETING_TURN}
+    for example in data.test_set("multiturn", 300):
+        asked = [m["content"] for m in example.messages if m["role"] == "user" and m["content"] not in greetings]
+        assert old_first.match(asked[0]), asked
+        assert all(q[:1].isupper() and q.endswith((".", "?")) for q in asked[1:]), asked

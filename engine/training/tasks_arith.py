@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 from .tasks_base import Example, assistant, exact, in_split, retry, user
+from .tasks_everyday import everyday_arithmetic
 
 ADD_FRAMES = ["What is {a} + {b}?", "What is {a} plus {b}?", "Compute {a} + {b}.", "Calculate {a} + {b}.",
               "How much is {a} plus {b}?", "{a} + {b} = ?", "Add {a} and {b}."]
@@ -90,11 +91,25 @@ def _follow_up(rng: random.Random, v: int) -> tuple[str, str, int] | None:
 GREETING_TURN = [("Hi!", "Hello! How can I help you today?"), ("Hello!", "Hi! What would you like to work on?")]
 
 
+# Training only (the test split never draws them, so its items stay the same): follow-ups after an everyday
+# question ("What is 8 + 9?", any digits and operation) and typed as people type them ("now double it").
+EVERYDAY_FIRST_SHARE = 0.4
+CASUAL_FOLLOW_UP_SHARE = 0.4
+
+
 def multi_turn(rng: random.Random, split: str) -> Example:
+    test = split == "test"
+
     def make():
-        first = arithmetic_question(rng, split)
-        value = {"add2": first.meta["a"] + first.meta["b"], "add3": first.meta["a"] + first.meta["b"],
-                 "sub3": first.meta["a"] - first.meta["b"], "mul": first.meta["a"] * first.meta["b"]}[first.kind]
+        if not test and rng.random() < EVERYDAY_FIRST_SHARE:
+            first = everyday_arithmetic(rng, split)
+            value = first.meta["answer"]
+            if value < 1:
+                return None
+        else:
+            first = arithmetic_question(rng, split)
+            value = {"add2": first.meta["a"] + first.meta["b"], "add3": first.meta["a"] + first.meta["b"],
+                     "sub3": first.meta["a"] - first.meta["b"], "mul": first.meta["a"] * first.meta["b"]}[first.kind]
         messages = []
         if rng.random() < 0.15:  # a small-talk turn first, so a greeting in the history is in-distribution
             hello, reply = rng.choice(GREETING_TURN)
@@ -106,6 +121,8 @@ def multi_turn(rng: random.Random, split: str) -> Example:
             if step is None:
                 return None
             question, line, value = step
+            if not test and rng.random() < CASUAL_FOLLOW_UP_SHARE:
+                question = question[:1].lower() + question[1:].rstrip(".?")
             messages.append(user(question))
             if index < n_follow - 1:
                 messages.append(assistant(line))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # prepared for the next device session (#22), not run yet: a warm start from the shipped weights (2026-12-06)
 # with the data added after them: training-only lists of single digits and small numbers ("sort 5 3 9 1"), and
-# out-of-scope questions on mathematics beyond the four operations ("what is 15% of 80", "sqrt 49", "7^3").
+# out-of-scope questions on mathematics beyond the four operations ("what is 15% of 80", "sqrt 49", "7^3"),
+# one-line multiplications/divisions in more sentences, and follow-ups after everyday questions ("now double it").
 # The 2026-12-06 run's mix and length. Run it from the repository root as one device call (about 8 minutes),
 # then `bash scripts/eval_tiny_cpu.sh` with MODEL at the weights it returns.
 INIT=assets/models/tiny-chat MINUTES=6 WALL=420 SEED=37 EVAL_NEW=40 EVAL_LIMIT=25 PF=100 DECODERS=llada,flash-cache \
