@@ -21,15 +21,11 @@ from flash_dllm.engine.training.tasks_base import assistant
 def history(seed: int, n: int) -> list[dict]:
     """n earlier exchanges (user, assistant), oldest first, the same for every item of one seed."""
     rng = random.Random(seed)
-    turns = []
+    messages = []
     for _ in range(n):
         earlier = data.GENERATORS[rng.choice(data.EARLIER_TURN_FAMILIES)](rng, "train")
-        turns.append([*earlier.messages, assistant(earlier.response)])
-    return [m for exchange in turns for m in exchange]
-
-
-def with_history(example, earlier: list[dict]):
-    return replace(example, messages=[*earlier, *example.messages])
+        messages += [*earlier.messages, assistant(earlier.response)]
+    return messages
 
 
 def main() -> int:
@@ -50,7 +46,7 @@ def main() -> int:
             cells = []
             for index, item in enumerate(items):  # one history per item, its tail shared across K
                 full = history(1000 + index, max(counts))
-                cells.append(with_history(item, full[len(full) - 2 * k:] if k else []))
+                cells.append(replace(item, messages=[*(full[len(full) - 2 * k:] if k else []), *item.messages]))
             cell = evaluate_family(engine, cells, settings, batch_size=32)
             rows[f"{family}@{k}"] = {"exact": cell["exact"], "n": cell["n"], "failures": cell["failures"][:5]}
             print(f"{family:>14} after {k:2d} exchanges: {cell['exact']:5.1f} % ({cell['n']} items)", flush=True)

@@ -345,11 +345,12 @@ def test_follow_ups_are_trained_after_everyday_questions_and_typed_casually():
     from flash_dllm.engine.training import tasks_arith
 
     old_first = re.compile(r"^(\d+) ([-+×]) (\d+) = \?$|^(What is|Compute|Calculate|How much is|Add|Subtract|Multiply)")
+    greetings = {hello for hello, _ in tasks_arith.GREETING_TURN}
     rng, everyday_first, casual = random.Random(15), 0, 0
     for _ in range(2000):
         example = data.sample(rng, "train", "multiturn")
         turns = [m for m in example.messages if m["role"] != "system"]
-        if turns[0]["content"] in {hello for hello, _ in tasks_arith.GREETING_TURN}:  # a greeting first
+        if turns[0]["content"] in greetings:  # a greeting first
             turns = turns[2:]
         first_line = LINE.match(turns[1]["content"])
         assert first_line, turns[1]
@@ -361,7 +362,6 @@ def test_follow_ups_are_trained_after_everyday_questions_and_typed_casually():
             casual += question["content"][:1].islower() and not question["content"].endswith(".")
         everyday_first += not old_first.match(turns[0]["content"])
     assert everyday_first > 200 and casual > 200
-    greetings = {hello for hello, _ in tasks_arith.GREETING_TURN}
     for example in data.test_set("multiturn", 300):
         asked = [m["content"] for m in example.messages if m["role"] == "user" and m["content"] not in greetings]
         assert old_first.match(asked[0]), asked

@@ -42,12 +42,13 @@ def arithmetic_question(rng: random.Random, split: str, kind: str | None = None)
         if kind != "mul" and not in_split(split, *key):
             return None
         if kind.startswith("add"):
-            frame, line = rng.choice(ADD_FRAMES), f"{a} + {b} = {a + b}."
+            frame, symbol, answer = rng.choice(ADD_FRAMES), "+", a + b
         elif kind == "sub3":
-            frame, line = rng.choice(SUB_FRAMES), f"{a} - {b} = {a - b}."
+            frame, symbol, answer = rng.choice(SUB_FRAMES), "-", a - b
         else:
-            frame, line = rng.choice(MUL_FRAMES), f"{a} × {b} = {a * b}."
-        return Example("arith", kind, [user(frame.format(a=a, b=b))], line, {"a": a, "b": b})
+            frame, symbol, answer = rng.choice(MUL_FRAMES), "×", a * b
+        return Example("arith", kind, [user(frame.format(a=a, b=b))], f"{a} {symbol} {b} = {answer}.",
+                       {"a": a, "b": b, "answer": answer})
 
     return retry(make)
 
@@ -101,15 +102,11 @@ def multi_turn(rng: random.Random, split: str) -> Example:
     test = split == "test"
 
     def make():
-        if not test and rng.random() < EVERYDAY_FIRST_SHARE:
-            first = everyday_arithmetic(rng, split)
-            value = first.meta["answer"]
-            if value < 1:
-                return None
-        else:
-            first = arithmetic_question(rng, split)
-            value = {"add2": first.meta["a"] + first.meta["b"], "add3": first.meta["a"] + first.meta["b"],
-                     "sub3": first.meta["a"] - first.meta["b"], "mul": first.meta["a"] * first.meta["b"]}[first.kind]
+        everyday_first = not test and rng.random() < EVERYDAY_FIRST_SHARE
+        first = everyday_arithmetic(rng, split) if everyday_first else arithmetic_question(rng, split)
+        value = first.meta["answer"]
+        if value < 1:  # an everyday subtraction may go below zero; follow-ups act on positive results
+            return None
         messages = []
         if rng.random() < 0.15:  # a small-talk turn first, so a greeting in the history is in-distribution
             hello, reply = rng.choice(GREETING_TURN)
