@@ -141,6 +141,31 @@ def test_test_sets_are_fixed_and_prefix_stable():
         assert [e.messages for e in small] == [e.messages for e in data.test_set(family, 20)]
 
 
+def test_a_selection_set_never_holds_a_reported_item():
+    """`evaluate --skip N` (choosing between weights) reads the held-out items after the first N, so the items
+    the README reports never guide a choice; the prompts it reads are new to the reported set."""
+    from types import SimpleNamespace
+
+    from flash_dllm.engine.training import evaluate as ev
+
+    class Recorder:
+        def __init__(self):
+            self.prompts = []
+
+        def generate(self, conversations, settings):
+            self.prompts += [c[-1]["content"] for c in conversations]
+            return [SimpleNamespace(text="", forward_passes=1, token_ids=[0]) for _ in conversations]
+
+    for family in ("everyday", "everyday_word", "out_of_scope"):
+        reported, selection = Recorder(), Recorder()
+        ev.evaluate(reported, 40, ["flash-cache"], [family], log=lambda line: None)
+        result = ev.evaluate(selection, 40, ["flash-cache"], [family], log=lambda line: None, skip=40)
+        assert reported.prompts == [e.messages[-1]["content"] for e in data.test_set(family, 40)]
+        assert selection.prompts == [e.messages[-1]["content"] for e in data.test_set(family, 80)[40:]]
+        assert not set(reported.prompts) & set(selection.prompts)
+        assert result["skip"] == 40 and result["decoders"]["flash-cache"][family]["n"] == 40
+
+
 # Digests of the first 300 held-out items of each family. The recorded accuracies (expected_accuracy.json,
 # the README's tables) were measured on exactly these items; a generator change that moves them must be a
 # deliberate one, with the model re-evaluated, not a side effect of a training-only change.
