@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# prepared for the next device session (#22), not run yet: a warm start from the shipped weights (2026-12-06)
+# #22, run 2026-12-06 on an H100 (train22d.log, probe-*-22d.json beside it): a warm start from the shipped weights
 # with the data added after them: training-only lists of single digits and small numbers ("sort 5 3 9 1"), and
 # out-of-scope questions on mathematics beyond the four operations ("what is 15% of 80", "sqrt 49", "7^3"),
 # one-line multiplications/divisions in more sentences, and follow-ups after everyday questions ("now double it").
