@@ -182,6 +182,8 @@ def main(argv=None) -> int:
     parser.add_argument("--record", action="store_true",
                         help="write MODEL/expected_accuracy.json from the first decoder (read by tests/test_bundled_model.py)")
     args = parser.parse_args(argv)
+    if args.record and args.skip:  # before any decoding: the record is read against the first items
+        parser.error("--record records the first items of each family; it cannot take --skip")
     deadline = time.time() + args.time_limit if args.time_limit > 0 else None
     engine = load_engine(args.model, args.device)
     results = evaluate(engine, args.per_family, args.decoders.split(","), args.families.split(","),
@@ -193,8 +195,6 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     if args.record:
-        if args.skip:
-            parser.error("--record reports the first items of each family; it cannot take --skip")
         write_record(Path(args.model), results)
     return 0
 
