@@ -333,10 +333,11 @@ def test_short_digit_lists_and_mathematics_beyond_the_four_operations_are_traine
     assert small > 30
     rng = random.Random(14)
     drawn = [data.sample(rng, "train", "out_of_scope") for _ in range(3000)]
-    beyond = [e for e in drawn if re.search(r"%|\^|sqrt|square root|squared|power of", e.messages[-1]["content"])]
+    beyond_four = re.compile(r"%|\^|sqrt|square root|squared|power of")
+    beyond = [e for e in drawn if beyond_four.search(e.messages[-1]["content"])]
     assert len(beyond) > 20 and all(e.response == tasks_scope.OUT_OF_SCOPE_REPLY for e in beyond)
     test_texts = [e.messages[-1]["content"] for e in data.test_set("out_of_scope", 300)]
-    assert not any(re.search(r"%|\^|sqrt|squared|power of", t) for t in test_texts)
+    assert not any(beyond_four.search(t) for t in test_texts)
 
 
 def test_follow_ups_are_trained_after_everyday_questions_and_typed_casually():
