@@ -33,11 +33,12 @@ from starlette.routing import Route
 
 from flash_dllm.app.api_keys import BearerKey
 from flash_dllm.app.model_settings import methods_for
-from flash_dllm.app.models import Lease, ModelBusy, ModelHost, display_name
+from flash_dllm.app.models import Lease, ModelBusy, ModelHost, display_name, history_exchanges
 from flash_dllm.app.openai_request import ApiError, ChatRequest, invalid, param_of, parse_chat_request
 from flash_dllm.app.openai_stream import (KEEP_ALIVE, CommittedPrefix, CompletionMeta, TextStream, chunk,
                                           completion, sse, usage)
-from flash_dllm.engine import EngineError, GenerationSettings, PromptError, SettingsError, StepEvent, validate
+from flash_dllm.engine import (EngineError, GenerationSettings, PromptError, SettingsError, StepEvent,
+                               keep_last_exchanges, validate)
 
 
 @dataclass
@@ -74,14 +75,24 @@ class EngineCall:
             validate(chat.settings, model_config=lease.engine.model.config)
         except SettingsError as err:  # a method (or block length) this model cannot decode with
             raise invalid(str(err), param_of(str(err), "max_tokens") or "method") from None
+        # A model trained on short chats only (the bundled one) reads the last few exchanges, as on the page;
+        # the response says so (history_headers), since a client sent the rest.
+        self.window = history_exchanges(lease.name)
+        messages, self.left_out = keep_last_exchanges(chat.messages, self.window)
         try:
-            self.request = lease.engine.submit(chat.messages, chat.settings, on_event=self._on_event)
+            self.request = lease.engine.submit(messages, chat.settings, on_event=self._on_event)
         except SettingsError as err:  # settings were validated already: what is left is the context check
             raise invalid(str(err), "messages", "context_length_exceeded") from None
         except (PromptError, ValueError) as err:  # a conversation the tokenizer cannot take
             raise invalid(one_line(err), "messages") from None
         except EngineError as err:  # the engine cannot take the request now
             raise ApiError(503, one_line(err), "server_error", None, "engine_overloaded", {"Retry-After": "1"}) from None
+
+    def history_headers(self) -> dict[str, str]:
+        """What the model read of the conversation, for a model that reads only its last exchanges."""
+        if self.window is None:
+            return {}
+        return {"X-Flash-Dllm-History-Window": str(self.window), "X-Flash-Dllm-Messages-Left-Out": str(self.left_out)}
 
     def _on_event(self, event) -> None:
         """On the engine's thread: schedule the put and return at once."""
@@ -154,9 +165,9 @@ async def answer(call: EngineCall, chat: ChatRequest, decode, poll_s: float) -> 
 class CancellingStream(StreamingResponse):
     """A streaming response that runs ``on_close`` however it ends (finished, client gone, server stopping)."""
 
-    def __init__(self, content, on_close):
+    def __init__(self, content, on_close, headers: dict[str, str] | None = None):
         super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
         self.on_close = on_close
 
     async def __call__(self, scope, receive, send):
@@ -196,7 +207,8 @@ class ChatApi:
         info = engine.describe()
         return {"id": display_name(name), "object": "model", "created": self.created, "owned_by": "flash-dllm-chat",
                 "family": info.get("family"), "max_context": info.get("max_context"), "device": info.get("device"),
-                "default_method": info.get("default_method"), "methods": list(methods_for(engine.model.config))}
+                "default_method": info.get("default_method"), "methods": list(methods_for(engine.model.config)),
+                "history_exchanges": history_exchanges(name)}
 
     def request_defaults(self) -> tuple[GenerationSettings, int | None]:
         """The settings a request starts from, for the model loaded now: a request that names no method gets
@@ -273,7 +285,7 @@ class ChatApi:
                 self._leave()
 
         if chat.stream:
-            return CancellingStream(self.stream(call, chat, meta, decode), close)
+            return CancellingStream(self.stream(call, chat, meta, decode), close, call.history_headers())
         try:
             return await self.complete(call, chat, meta, decode, request)
         finally:
@@ -291,8 +303,12 @@ class ChatApi:
                 if await request.is_disconnected():
                     call.close()
                     return Response(status_code=499)
+        numbers = outcome.engine
+        if call.window is not None:
+            numbers = {**numbers, "history_window": call.window, "messages_left_out": call.left_out}
         return JSONResponse(completion(meta, "".join(parts), outcome.finish_reason,
-                                       usage(outcome.prompt_tokens, outcome.completion_tokens), outcome.engine))
+                                       usage(outcome.prompt_tokens, outcome.completion_tokens), numbers),
+                            headers=call.history_headers())
 
     async def stream(self, call, chat, meta, decode) -> AsyncIterator[bytes]:
         yield sse(chunk(meta, {"role": "assistant", "content": ""}))

@@ -18,6 +18,7 @@ _EXPORTS = {
     "Engine": "flash_dllm.engine.engine",
     "EngineError": "flash_dllm.engine.engine",
     "pick_device": "flash_dllm.engine.engine",
+    "keep_last_exchanges": "flash_dllm.engine.engine",
     "defaults_for": "flash_dllm.engine.families",
     # settings, results and the errors a caller can fix
     "GenerationSettings": "flash_dllm.engine.settings",

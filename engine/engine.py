@@ -31,6 +31,23 @@ DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.floa
           "fp32": torch.float32, "float32": torch.float32}
 
 
+def keep_last_exchanges(conversation: list[dict], max_exchanges: int | None) -> tuple[list[dict], int]:
+    """The conversation with at most ``max_exchanges`` earlier exchanges (user turns) before its last user
+    message (None: all of them); the system prompt stays, and what remains of the turns starts at a user turn.
+    Returns the conversation and how many messages were left out. For a model trained on short chats only."""
+    if max_exchanges is None:
+        return conversation, 0
+    if max_exchanges < 0:
+        raise SettingsError(f"max_exchanges must be at least 0, not {max_exchanges}")
+    head = conversation[:1] if conversation and conversation[0]["role"] == "system" else []
+    turns = conversation[len(head):]
+    users = [index for index, message in enumerate(turns) if message["role"] == "user"]
+    if len(users) <= max_exchanges + 1:
+        return conversation, 0
+    dropped = users[-(max_exchanges + 1)]
+    return head + turns[dropped:], dropped
+
+
 class EngineError(RuntimeError):
     """A failure the engine recovered from (out of memory, ...): the message says what to change."""
 
@@ -147,15 +164,9 @@ class Engine:
         message. The system prompt and the last user message always stay, and what remains starts at a user
         turn. Returns the conversation and how many messages were left out."""
         limit = self.model.config.max_seq_len
+        conversation, dropped = keep_last_exchanges(conversation, max_exchanges)
         head = conversation[:1] if conversation and conversation[0]["role"] == "system" else []
-        turns, dropped = conversation[len(head):], 0
-        if max_exchanges is not None:
-            if max_exchanges < 0:
-                raise SettingsError(f"max_exchanges must be at least 0, not {max_exchanges}")
-            users = [index for index, message in enumerate(turns) if message["role"] == "user"]
-            if len(users) > max_exchanges + 1:
-                dropped = users[-(max_exchanges + 1)]
-                turns = turns[dropped:]
+        turns = conversation[len(head):]
         while limit and len(turns) > 1:
             try:
                 length = len(self.tokenizer.encode(head + turns, settings.use_chat_template))

@@ -83,3 +83,50 @@ def test_a_long_chat_with_the_bundled_model_is_answered_from_its_last_exchanges(
         assert kept[-1]["content"] == expected.text  # the answer of the last three exchanges and the question
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_api_applies_the_bundled_models_window_and_says_so(tmp_path, monkeypatch, tiny_engine):
+    """An API client sends its whole history; the bundled model reads the last 3 exchanges of it, as on the page,
+    and the response says what it left out (headers, and `flash_dllm` of a plain response). A model without a
+    window reads everything and the response carries none of this."""
+    import httpx
+
+    from flash_dllm.app.api import ApiConfig
+    from api_testing import served_api
+
+    monkeypatch.setenv("FLASH_DLLM_HOME", str(tmp_path / "home"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        folder = str(hub.bundled_model_path())
+        engine = Engine.load(folder, device="cpu")
+        body = {"model": "tiny-chat", "max_tokens": 32, "method": "flash-cache",
+                "messages": conversation(5, system=True)}
+        with served_api(ModelHost(engine, name=folder), ApiConfig()) as base_url:
+            listed = httpx.get(f"{base_url}/models").json()["data"][0]
+            assert listed["history_exchanges"] == 3
+            whole = httpx.post(f"{base_url}/chat/completions", json=body, timeout=120)
+            assert whole.status_code == 200, whole.text
+            assert whole.headers["x-flash-dllm-history-window"] == "3"
+            assert whole.headers["x-flash-dllm-messages-left-out"] == "4"
+            numbers = whole.json()["flash_dllm"]
+            assert numbers["history_window"] == 3 and numbers["messages_left_out"] == 4
+            windowed = dict(body, messages=[body["messages"][0]] + body["messages"][5:])
+            alone = httpx.post(f"{base_url}/chat/completions", json=windowed, timeout=120)
+            assert alone.headers["x-flash-dllm-messages-left-out"] == "0"
+            answer = whole.json()["choices"][0]["message"]["content"]
+            assert answer == alone.json()["choices"][0]["message"]["content"]
+            assert whole.json()["usage"]["prompt_tokens"] == alone.json()["usage"]["prompt_tokens"]
+            with httpx.stream("POST", f"{base_url}/chat/completions", json=dict(body, stream=True),
+                              timeout=120) as streamed:
+                assert streamed.headers["x-flash-dllm-messages-left-out"] == "4"
+                assert "[DONE]" in "".join(streamed.iter_text())
+        with served_api(ModelHost(tiny_engine, name=tiny_engine.name), ApiConfig()) as base_url:
+            other = httpx.post(f"{base_url}/chat/completions", timeout=120,
+                               json=dict(body, model=tiny_engine.name, max_tokens=16))
+            assert other.status_code == 200, other.text
+            assert "x-flash-dllm-history-window" not in other.headers
+            assert "messages_left_out" not in other.json()["flash_dllm"]
+            assert httpx.get(f"{base_url}/models").json()["data"][0]["history_exchanges"] is None
+    finally:
+        torch.set_num_threads(threads)
