@@ -1,6 +1,7 @@
 """Chats on disk: one JSON file per chat under ``<data_dir>/chats``, written atomically.
 
-A chat is ``{"id", "title", "created", "updated", "system", "messages": [{"role", "content", "meta"?}]}``
+A chat is ``{"id", "title", "created", "updated", "system", "messages": [{"role", "content", "meta"?}],
+"owner"}``
 with plain-string content (what the user typed, what the engine decoded); ``meta`` holds an answer's
 method and speed. Unreadable files are skipped (and named in `ChatStore.problems`), never overwritten.
 A save writes ``.tmp-*.json`` and renames it over ``<id>.json``; only ``<id>.json`` files are chats, and a
@@ -47,6 +48,7 @@ class Chat:
     updated: float = field(default_factory=time.time)
     system: str = ""
     messages: list[dict] = field(default_factory=list)
+    owner: str = ""  # the login that made it ("": made without a login; see ChatStore.scoped)
 
     def conversation(self) -> list[dict]:
         """Messages for the engine, as {"role", "content": str}: the system prompt first (if any), then the
@@ -97,7 +99,8 @@ class ChatStore:
             data = json.loads(path.read_text(encoding="utf-8"))
             return Chat(id=data["id"], title=data.get("title", "Chat"), created=data.get("created", 0.0),
                         updated=data.get("updated", 0.0), system=data.get("system", ""),
-                        messages=[m for m in data.get("messages", []) if m.get("role") in ("user", "assistant")])
+                        messages=[m for m in data.get("messages", []) if m.get("role") in ("user", "assistant")],
+                        owner=str(data.get("owner") or ""))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             note = f"{path.name}: {err}"
             if note not in self.problems:
@@ -119,8 +122,13 @@ class ChatStore:
             raise KeyError(f"no chat with id {chat_id!r}")
         return chat
 
-    def create(self, title: str = "New chat", system: str = "") -> Chat:
-        chat = Chat(id=uuid.uuid4().hex, title=title, system=system)
+    def scoped(self, owner: str | None) -> "ChatStore | OwnedChats":
+        """The chats one login may see and change: with a login (``owner``), only the chats it made; without
+        one (the app has no --auth), every chat, as the machine's one user expects."""
+        return OwnedChats(self, owner) if owner else self
+
+    def create(self, title: str = "New chat", system: str = "", owner: str = "") -> Chat:
+        chat = Chat(id=uuid.uuid4().hex, title=title, system=system, owner=owner)
         self.save(chat)
         return chat
 
@@ -209,6 +217,69 @@ class ChatStore:
             chat.messages.append(message)
             self.save(chat)
         return chat
+
+
+class OwnedChats:
+    """A ChatStore seen by one login (the page's --auth): it lists, opens and changes only the chats that login
+    made; another login's chat, or one made without a login, reads as absent (KeyError), as a deleted one does.
+    Several people behind one share link therefore never see each other's chats."""
+
+    def __init__(self, store: ChatStore, owner: str):
+        self.store, self.owner = store, owner
+        self.folder, self.problems = store.folder, store.problems
+
+    def _check(self, chat_id: str) -> None:
+        self.get(chat_id)
+
+    def list(self) -> list[Chat]:
+        return [chat for chat in self.store.list() if chat.owner == self.owner]
+
+    def get(self, chat_id: str) -> Chat:
+        chat = self.store.get(chat_id)
+        if chat.owner != self.owner:
+            raise KeyError(f"no chat with id {chat_id!r}")
+        return chat
+
+    def create(self, title: str = "New chat", system: str = "") -> Chat:
+        return self.store.create(title, system, owner=self.owner)
+
+    def get_or_create(self, chat_id: str | None, system: str = "") -> Chat:
+        if chat_id:
+            try:
+                return self.get(chat_id)
+            except KeyError:
+                pass
+        return self.create(system=system)
+
+    def save(self, chat: Chat) -> None:
+        with self.store._lock:
+            self._check(chat.id)
+            self.store.save(chat)
+
+    def rename(self, chat_id: str, title: str) -> Chat:
+        with self.store._lock:
+            self._check(chat_id)
+            return self.store.rename(chat_id, title)
+
+    def delete(self, chat_id: str) -> None:
+        with self.store._lock:
+            self._check(chat_id)
+            self.store.delete(chat_id)
+
+    def add_message(self, chat_id: str, role: str, content: str, meta: dict | None = None) -> Chat:
+        with self.store._lock:
+            self._check(chat_id)
+            return self.store.add_message(chat_id, role, content, meta)
+
+    def pop_last(self, chat_id: str, role: str, content: str | None = None) -> bool:
+        with self.store._lock:
+            self._check(chat_id)
+            return self.store.pop_last(chat_id, role, content)
+
+    def put_answer(self, chat_id: str, content: str, meta: dict | None = None, replace: bool = False) -> Chat:
+        with self.store._lock:
+            self._check(chat_id)
+            return self.store.put_answer(chat_id, content, meta, replace)
 
 
 def to_markdown(chat: Chat) -> str:

@@ -78,6 +78,7 @@ def progress_html(done: int, total: int, label: str) -> str:
 # ---------------------------------------------------------------------------- chat turns
 def accept(ctx: AppContext, text, chat_id, request: gr.Request):
     """Clear the box, show the message as queued, and hand it to `chat` (which may wait its turn)."""
+    ctx = ctx.for_request(request)
     text = clean_text(text if isinstance(text, str) else "")
     if not text.strip():
         return gr.skip(), gr.skip(), gr.skip(), ""
@@ -115,7 +116,7 @@ def chat(ctx: AppContext, message, chat_id=None, system="", method=None, side_by
          request: gr.Request = None):
     knobs = (gen_length, block_length, steps, threshold, gamma, temperature, window, lookahead, track,
              max_candidates, seed)
-    yield from chat_turn(ctx, message, chat_id, system, method, side_by_side, method_b, knobs,
+    yield from chat_turn(ctx.for_request(request), message, chat_id, system, method, side_by_side, method_b, knobs,
                          request.session_hash if request else None)
 
 
@@ -127,7 +128,7 @@ def regenerate(ctx: AppContext, chat_id, system="", method=None, side_by_side=Fa
                request: gr.Request = None):
     knobs = (gen_length, block_length, steps, threshold, gamma, temperature, window, lookahead, track,
              max_candidates, seed)
-    yield from chat_turn(ctx, None, chat_id, system, method, side_by_side, method_b, knobs,
+    yield from chat_turn(ctx.for_request(request), None, chat_id, system, method, side_by_side, method_b, knobs,
                          request.session_hash if request else None, regenerate=True)
 
 
@@ -179,7 +180,8 @@ def resolve_chat_choice(ctx: AppContext, value) -> str | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def open_chat(ctx: AppContext, chat_id):
+def open_chat(ctx: AppContext, chat_id, request: gr.Request = None):
+    ctx = ctx.for_request(request)
     chat_id = resolve_chat_choice(ctx, chat_id)
     if chat_id is None:  # nothing chosen (the dropdown closed without a choice): leave the page as it is
         return gr.skip(), gr.skip(), gr.skip()
@@ -201,7 +203,7 @@ def chat_canvas(ctx: AppContext, chat_id, request: gr.Request = None):
     """The canvas column for the chat now chosen (see CANVAS_OUTPUTS): its last answer's canvas, stats and
     recordings when this page decoded one, else empty; exports of another chat are hidden."""
     session = request.session_hash if request is not None else None
-    chat_id = resolve_chat_choice(ctx, chat_id)
+    chat_id = resolve_chat_choice(ctx.for_request(request), chat_id)
     shown = ctx.recordings.get(session, chat_id) if chat_id else None
     hidden = gr.update(value=None, visible=False)
     if shown is None or not shown.recordings or shown.recordings[0] is None:
@@ -216,13 +218,15 @@ def chat_canvas(ctx: AppContext, chat_id, request: gr.Request = None):
             rec_a, rec_b, hidden, hidden)
 
 
-def new_chat(ctx: AppContext, system):
+def new_chat(ctx: AppContext, system, request: gr.Request = None):
+    ctx = ctx.for_request(request)
     empty = next((c for c in ctx.store.list() if not c.messages), None)
     chat = empty or ctx.store.create(system=system or "")
     return gr.update(choices=chat_choices(ctx.store), value=chat.id), [], note("New chat.")
 
 
-def rename_chat(ctx: AppContext, chat_id, title):
+def rename_chat(ctx: AppContext, chat_id, title, request: gr.Request = None):
+    ctx = ctx.for_request(request)
     try:
         chat = ctx.store.rename(chat_id, title)
     except (KeyError, ValueError) as err:
@@ -230,7 +234,8 @@ def rename_chat(ctx: AppContext, chat_id, title):
     return gr.update(choices=chat_choices(ctx.store), value=chat.id), "", note(f"Renamed to “{chat.title}”.")
 
 
-def delete_chat(ctx: AppContext, chat_id):
+def delete_chat(ctx: AppContext, chat_id, request: gr.Request = None):
+    ctx = ctx.for_request(request)
     if not chat_id:
         return gr.skip(), gr.skip(), note("Choose a chat to delete.", "warn")
     try:
@@ -243,7 +248,8 @@ def delete_chat(ctx: AppContext, chat_id):
     return gr.update(choices=chat_choices(ctx.store), value=None), [], note(f"Deleted “{title}”.")
 
 
-def export_chat(ctx: AppContext, chat_id, fmt):
+def export_chat(ctx: AppContext, chat_id, fmt, request: gr.Request = None):
+    ctx = ctx.for_request(request)
     try:
         chat = ctx.store.get(chat_id)
     except KeyError:
@@ -252,8 +258,8 @@ def export_chat(ctx: AppContext, chat_id, fmt):
     return gr.update(value=str(path), visible=True), note(f"Exported “{chat.title}” as {fmt}.")
 
 
-def clear(ctx: AppContext, system):
-    chats_update, messages, _ = new_chat(ctx, system)
+def clear(ctx: AppContext, system, request: gr.Request = None):
+    chats_update, messages, _ = new_chat(ctx, system, request)
     return chats_update, messages, note("Cleared: this is a new chat; the previous one stays under Chats.")
 
 
@@ -364,8 +370,8 @@ def engine_info(ctx: AppContext):
     return system_html(ctx)
 
 
-def on_load(ctx: AppContext):
-    return banner_html(ctx), gr.update(choices=chat_choices(ctx.store)), system_html(ctx)
+def on_load(ctx: AppContext, request: gr.Request = None):
+    return banner_html(ctx), gr.update(choices=chat_choices(ctx.for_request(request).store)), system_html(ctx)
 
 
 def on_unload(ctx: AppContext, request: gr.Request = None):

@@ -146,8 +146,9 @@ def share_note(share_url: str | None, auth: bool) -> str:
     if share_url is None:
         return ("The public share link could not be made (no network, or the tunnel is blocked); "
                 "the app runs on this machine only.")
-    return f"Shared publicly at {share_url}. {SHARE_WARNING}" + (" Login required." if auth else
-                                                                  " No login: start with --auth to require one.")
+    login = (" Login required; each login sees only the chats it made." if auth
+             else " No login: start with --auth to require one.")
+    return f"Shared publicly at {share_url}. {SHARE_WARNING}{login}"
 
 
 def load_startup_engine(prog: str, args):

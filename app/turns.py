@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import gradio as gr
@@ -44,6 +44,12 @@ class AppContext:
     share_note: str = ""
     frame_s: float = FRAME_S
     max_message_chars: int = MAX_MESSAGE_CHARS
+
+    def for_request(self, request) -> "AppContext":
+        """This context as one page request sees it: behind a login (--auth) its chats are the login's own
+        (ChatStore.scoped); without one, every chat."""
+        user = getattr(request, "username", None) if request is not None else None
+        return replace(self, store=self.store.scoped(user)) if user else self
 
 
 def chat_choices(store: ChatStore) -> list[tuple[str, str]]:

@@ -21,7 +21,7 @@ from flash_dllm.app.inflight import inflight_html
 from flash_dllm.app.model_settings import (DEFAULT_METHOD, DEFAULT_METHOD_B, FOLLOW_OUTPUTS, follow_model, knob_update,
                                           page_settings)
 from flash_dllm.app.presets import DEFAULT_PRESET, KNOB_RANGES, KNOBS, PRESETS
-from flash_dllm.app.turns import OUTPUTS, AppContext, chat_choices, note
+from flash_dllm.app.turns import OUTPUTS, AppContext, note
 from flash_dllm.engine import METHODS
 
 
@@ -49,7 +49,8 @@ def bind(handler, ctx: AppContext):
 # ---------------------------------------------------------------------------- layout
 def sidebar(ctx: AppContext, page: SimpleNamespace) -> None:
     with gr.Sidebar(label="Chats and model", open=True, width=300):
-        page.chats = gr.Dropdown(choices=chat_choices(ctx.store), value=None, label="Chats", allow_custom_value=True)
+        # filled per visitor when the page loads (on_load): behind a login each one sees only their own chats
+        page.chats = gr.Dropdown(choices=[], value=None, label="Chats", allow_custom_value=True)
         with gr.Row():
             page.new_btn = gr.Button("New chat", size="sm")
             page.delete_btn = gr.Button("Delete", size="sm", variant="stop")

@@ -272,6 +272,7 @@ def test_auth_and_share_messages(tmp_path):
     assert "could not be made" in share_note(None, False)
     public = share_note("https://abc.gradio.live", False)
     assert "Anyone with the public link can use this machine" in public and "--auth" in public
+    assert "each login sees only the chats it made" in share_note("https://abc.gradio.live", True)
 
 
 def test_startup_model_prefers_flag_then_last_used_then_bundled(app, monkeypatch, tmp_path):
