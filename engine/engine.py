@@ -17,7 +17,7 @@ import torch
 from flash_dllm.engine.decode_loop import DecodeStalled
 from flash_dllm.engine.events import CanvasStart, SequenceDone
 from flash_dllm.engine.metrics import tokens_per_forward, tokens_per_second
-from flash_dllm.engine.model import DiffusionLM, bind_kernels
+from flash_dllm.engine.model import DiffusionLM, bind_kernels, store_transposed, transposed_storage_pays
 from flash_dllm.engine.requests import Request, RequestInfo
 from flash_dllm.engine.scheduler import Scheduler
 from flash_dllm.engine.sequence import SequenceState
@@ -103,6 +103,8 @@ def pick_backend(kernels: str | None, device: torch.device) -> str:
 class Engine:
     def __init__(self, model: DiffusionLM, tokenizer: ChatTokenizer, name: str, folder: Path, kernels: str, *,
                  graphs: bool = True):
+        if transposed_storage_pays(model):  # a layout decided once, at load
+            store_transposed(model)
         self.model = model
         self.tokenizer = tokenizer
         self.name = name

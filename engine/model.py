@@ -66,6 +66,27 @@ def rope_tables(head_dim: int, theta: float, n_positions: int, device) -> tuple[
     return angles.cos().float().to(device), angles.sin().float().to(device)
 
 
+def transposed_storage_pays(model: "DiffusionLM") -> bool:
+    """Whether the gate/up and LM-head weights should be stored [K, N] (see store_transposed): on Hopper GPUs
+    (compute capability 9.0 and later), where cuBLAS streams them faster from that layout at a decode step's
+    row counts. Elsewhere (the CPU, Ampere cards such as the RTX 3090) it was not measured, so nothing changes."""
+    device = model.device
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def store_transposed(model: "DiffusionLM") -> None:
+    """Keep each dense layer's w_gate_up and an untied lm_head as [N, K] tensors whose storage is [K, N]
+    (``w.t().contiguous().t()``). F.linear then hands cuBLAS an "NN" problem instead of "TN"; at 16-128 rows
+    it picks kernels that read those two weights faster (benchmarks/README.md, 2026-12-06), with the same
+    results. Every consumer of these weights goes through F.linear, which accepts either layout; a tied
+    head stays as it is (the embedding gathers its rows)."""
+    for layer in model.layers:
+        if layer.moe is None and layer.w_gate_up is not None:
+            layer.w_gate_up = layer.w_gate_up.t().contiguous().t()
+    if model.lm_head is not model.embed:
+        model.lm_head = model.lm_head.t().contiguous().t()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.is_cuda and not torch.is_grad_enabled():
         # One fused kernel (fp32 accumulation inside) instead of seven elementwise launches per norm: at
