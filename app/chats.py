@@ -133,12 +133,7 @@ class ChatStore:
         return chat
 
     def get_or_create(self, chat_id: str | None, system: str = "") -> Chat:
-        if chat_id:
-            try:
-                return self.get(chat_id)
-            except KeyError:
-                pass
-        return self.create(system=system)
+        return existing_or_new(self, chat_id, system)
 
     def save(self, chat: Chat) -> None:
         chat.updated = time.time()
@@ -244,12 +239,7 @@ class OwnedChats:
         return self.store.create(title, system, owner=self.owner)
 
     def get_or_create(self, chat_id: str | None, system: str = "") -> Chat:
-        if chat_id:
-            try:
-                return self.get(chat_id)
-            except KeyError:
-                pass
-        return self.create(system=system)
+        return existing_or_new(self, chat_id, system)
 
     def save(self, chat: Chat) -> None:
         with self.store._lock:
@@ -280,6 +270,16 @@ class OwnedChats:
         with self.store._lock:
             self._check(chat_id)
             return self.store.put_answer(chat_id, content, meta, replace)
+
+
+def existing_or_new(chats: "ChatStore | OwnedChats", chat_id: str | None, system: str) -> Chat:
+    """The chat chat_id names when those chats hold it, else a new one (a stale or foreign id starts afresh)."""
+    if chat_id:
+        try:
+            return chats.get(chat_id)
+        except KeyError:
+            pass
+    return chats.create(system=system)
 
 
 def to_markdown(chat: Chat) -> str:
