@@ -20,7 +20,8 @@ from flash_dllm.engine.device_canvas import DeviceCanvas
 from flash_dllm.engine.model import CachedStep, DiffusionLM
 from flash_dllm.kernels.scheduled_attention import AttentionPlan
 
-ATTENTION_BLOCK_M = 64  # query rows per attention tile
+ATTENTION_BLOCK_M = 64  # query rows per attention tile, unless attention_tile_rows picks taller ones
+WIDE_TILE_ROWS, WIDE_TILE_MIN_SLOTS = 128, 8
 
 
 class KVCache:
@@ -126,12 +127,25 @@ class LayoutTensors:
     tile_seq: torch.Tensor  # [T] int32
     tile_q0: torch.Tensor  # [T] int32
     all_slots: bool
+    block_m: int  # query rows per attention tile
+
+
+def attention_tile_rows(layout: Layout) -> int:
+    """Query rows per attention tile in a forward of this layout, decided once per layout.
+
+    Few sequences give few tiles, so the kernel splits each sequence's keys across programs to fill the GPU, and
+    short tiles keep that split cheap. Once many sequences each fill a wide tile, there are programs enough without
+    splitting, and a taller tile (8 warps) reads each key block once for twice the queries. Budgets under a wide
+    tile (Flash-Verify's verify pass, block steps) would only pad it."""
+    wide = len(layout.budgets) >= WIDE_TILE_MIN_SLOTS and min(layout.budgets) >= WIDE_TILE_ROWS
+    return WIDE_TILE_ROWS if wide else ATTENTION_BLOCK_M
 
 
 def layout_tensors(layout: Layout, n_slots: int, device) -> LayoutTensors:
+    block_m = attention_tile_rows(layout)
     tile_seq, tile_q0 = [], []
     for i, (offset, budget) in enumerate(zip(layout.offsets, layout.budgets)):
-        for t0 in range(0, budget, ATTENTION_BLOCK_M):
+        for t0 in range(0, budget, block_m):
             tile_seq.append(i)
             tile_q0.append(offset + t0)
     i32 = dict(dtype=torch.int32, device=device)
@@ -140,7 +154,8 @@ def layout_tensors(layout: Layout, n_slots: int, device) -> LayoutTensors:
         offsets=torch.tensor(layout.offsets, device=device)[:, None],
         budgets=torch.tensor(layout.budgets, device=device)[:, None],
         q_start=torch.tensor(layout.offsets, **i32), tile_seq=torch.tensor(tile_seq, **i32),
-        tile_q0=torch.tensor(tile_q0, **i32), all_slots=not layout.dynamic and layout.slots == tuple(range(n_slots)))
+        tile_q0=torch.tensor(tile_q0, **i32), all_slots=not layout.dynamic and layout.slots == tuple(range(n_slots)),
+        block_m=block_m)
 
 
 def attention_plan(lt: LayoutTensors, q_len: torch.Tensor, kv_start: torch.Tensor, kv_len: torch.Tensor,
@@ -148,7 +163,7 @@ def attention_plan(lt: LayoutTensors, q_len: torch.Tensor, kv_start: torch.Tenso
     """The scheduled-attention plan of a layout: its fixed tile table, per-slot lengths as device tensors."""
     return AttentionPlan(
         q_start=lt.q_start, q_len=q_len.to(torch.int32), kv_start=kv_start.to(torch.int32),
-        kv_len=kv_len.to(torch.int32), tile_seq=lt.tile_seq, tile_q0=lt.tile_q0, block_m=ATTENTION_BLOCK_M,
+        kv_len=kv_len.to(torch.int32), tile_seq=lt.tile_seq, tile_q0=lt.tile_q0, block_m=lt.block_m,
         max_kv_len=max_kv_len, host_q_len=None, host_kv_len=None, host_q_start=None, host_kv_start=None,
         kv_keep=kv_keep, inq_start=inq_start.to(torch.int32) if inq_start is not None else None, inq_mask=inq_mask,
         host_inq_start=None, score_query=score_query)

@@ -200,13 +200,27 @@ def test_cuda_graph_replay_equals_eager_on_tiny_models(tmp_path, variant):
 @needs_cuda
 @pytest.mark.parametrize("geometry", ["llada-8b", "dream-7b"])
 def test_cuda_graph_replay_equals_eager_at_full_geometry(geometry):
+    assert_graph_equals_eager_at_full_geometry(geometry, (800, 517), ("flash-cache", "flash-verify", "fast-dllm"))
+
+
+@needs_cuda
+def test_cuda_graph_replay_equals_eager_with_wide_attention_tiles():
+    """Eight full-budget sequences take the wide attention tiles (packing.attention_tile_rows) at full geometry."""
+    from flash_dllm.engine.packing import WIDE_TILE_ROWS, Layout, attention_tile_rows
+
+    assert attention_tile_rows(Layout.uniform(8, 128)) == WIDE_TILE_ROWS
+    assert_graph_equals_eager_at_full_geometry("llada-8b", (800, 517, 640, 300, 800, 129, 701, 450),
+                                               ("flash-cache", "flash-verify"))
+
+
+def assert_graph_equals_eager_at_full_geometry(geometry: str, prompt_lengths, methods) -> None:
     from flash_dllm.engine.geometry import random_engine
 
     engine = random_engine(geometry, "cuda")
     rng = random.Random(0)
-    prompts = [[rng.randrange(1000, 100000) for _ in range(n)] for n in (800, 517)]
+    prompts = [[rng.randrange(1000, 100000) for _ in range(n)] for n in prompt_lengths]
     try:
-        for method in ("flash-cache", "flash-verify", "fast-dllm"):
+        for method in methods:
             s = GenerationSettings(method=method, gen_length=64, block_length=32, seed=0, use_chat_template=False)
             (graph, _, run), (eager, _, _) = graph_and_eager(engine, prompts, s)
             assert run.graph_replays > 0, method

@@ -29,3 +29,33 @@ def test_triton_and_torch_kernel_paths_agree(tmp_path, family):
         assert [r.token_ids for r in got] == [r.token_ids for r in expected], method
         assert [r.forward_passes for r in got] == [r.forward_passes for r in expected], method
         assert all(r.kernels == "triton" for r in got)
+
+
+def test_wide_attention_tiles_give_the_same_tokens(tmp_path, monkeypatch):
+    """The tile height chosen per layout (packing.attention_tile_rows) changes the tile table, never the tokens:
+    here every forward of two or more sequences takes 8-row tiles, two per sequence's 16 query rows."""
+    import flash_dllm.engine.packing as packing
+
+    folder = write_tiny_model(tmp_path, TinySpec(family="llada", n_kv_heads=4))
+    model = load_model(folder)
+    tokenizer = load_tokenizer(folder, model.config)
+    prompts = ["What is 12*7?", "hi", "Name three colours."]
+    settings = GenerationSettings(method="flash-cache", gen_length=16, block_length=8, window=8, lookahead=4, track=4,
+                                  threshold=0.6)
+    expected = Engine(model, tokenizer, "tiny", folder, "torch").generate(prompts, settings)
+    monkeypatch.setattr(packing, "WIDE_TILE_ROWS", 8)
+    monkeypatch.setattr(packing, "WIDE_TILE_MIN_SLOTS", 2)
+    assert packing.attention_tile_rows(packing.Layout.uniform(3, 16)) == 8
+    got = Engine(model, tokenizer, "tiny", folder, "triton").generate(prompts, settings)
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+
+
+def test_attention_tile_rows_widen_only_for_many_full_budgets():
+    from flash_dllm.engine.packing import ATTENTION_BLOCK_M, WIDE_TILE_ROWS, Layout, attention_tile_rows
+
+    assert attention_tile_rows(Layout.uniform(8, 128)) == WIDE_TILE_ROWS
+    assert attention_tile_rows(Layout.uniform(32, 160, dynamic=True)) == WIDE_TILE_ROWS
+    assert attention_tile_rows(Layout.uniform(1, 128)) == ATTENTION_BLOCK_M  # batch 1 splits keys instead
+    assert attention_tile_rows(Layout.uniform(7, 128)) == ATTENTION_BLOCK_M
+    assert attention_tile_rows(Layout.uniform(8, 48)) == ATTENTION_BLOCK_M  # a verify pass's rows would pad it
+    assert attention_tile_rows(Layout((0, 1, 2, 3, 4, 5, 6, 7), (128,) * 7 + (64,))) == ATTENTION_BLOCK_M
