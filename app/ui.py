@@ -85,7 +85,8 @@ def chat_column(ctx: AppContext, page: SimpleNamespace) -> None:
                                       scale=6, autofocus=True, elem_id="message")
             page.send_btn = gr.Button("Send", variant="primary", scale=1, min_width=80)
         with gr.Row():
-            page.stop_btn = gr.Button("Stop", variant="stop", size="sm")
+            # red only while this page has a message in flight (ARM_STOP / DISARM_STOP below)
+            page.stop_btn = gr.Button("Stop", variant="secondary", size="sm", elem_id="stop-btn")
             page.regen_btn = gr.Button("Regenerate", size="sm")
             page.clear_btn = gr.Button("Clear", size="sm")
         page.status = gr.HTML(note("Ready."), elem_id="status")
@@ -134,18 +135,30 @@ def canvas_column(ctx: AppContext, page: SimpleNamespace) -> None:
 
 
 # ---------------------------------------------------------------------------- wiring
+# Client-side only: the page counts its turns in flight (a message may be sent while another is queued) and
+# shows Stop in the stop colour while any is; every arm is matched by the disarm chained after its turn, which
+# runs however the turn ends (answered, stopped, refused, an empty message).
+ARM_STOP = ("() => { window.fdTurns = (window.fdTurns || 0) + 1;"
+            " document.getElementById('stop-btn')?.classList.add('armed'); }")
+DISARM_STOP = ("() => { window.fdTurns = Math.max(0, (window.fdTurns || 0) - 1);"
+               " if (!window.fdTurns) document.getElementById('stop-btn')?.classList.remove('armed'); }")
+
+
 def wire_turns(ctx: AppContext, page: SimpleNamespace) -> None:
     turn_outputs = [getattr(page, name) for name in OUTPUTS]
     settings_inputs = [page.system, page.method, page.side, page.method_b, *page.knob_inputs]
+    stop_colour = dict(queue=False, api_visibility="private")
+    gr.on([page.message.submit, page.send_btn.click], None, js=ARM_STOP, trigger_mode="multiple", **stop_colour)
+    page.regen_btn.click(None, js=ARM_STOP, trigger_mode="multiple", **stop_colour)
     gr.on([page.message.submit, page.send_btn.click], bind(h.accept, ctx), [page.message, page.chats],
           [page.message, page.chats, page.chatbot, page.turn_msg], queue=False, api_name="queue_message",
           api_visibility="private", trigger_mode="multiple").then(
         bind(h.chat, ctx), [page.turn_msg, page.chats, *settings_inputs], turn_outputs, api_name="chat",
         concurrency_id="gpu", concurrency_limit=1, show_progress="minimal", show_progress_on=page.status,
-        trigger_mode="multiple")
+        trigger_mode="multiple").then(None, js=DISARM_STOP, **stop_colour)
     page.regen_btn.click(bind(h.regenerate, ctx), [page.chats, *settings_inputs], turn_outputs, api_name="regenerate",
                          concurrency_id="gpu", concurrency_limit=1, show_progress="minimal",
-                         show_progress_on=page.status)
+                         show_progress_on=page.status).then(None, js=DISARM_STOP, **stop_colour)
     page.stop_btn.click(bind(h.stop, ctx), None, page.status, api_name="stop", concurrency_limit=None,
                         concurrency_id="instant")
 

@@ -31,6 +31,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SCREENSHOT = Path(flash_dllm.assets.__file__).parent / "screenshot-canvas.png"
 STATUS = "() => (document.querySelector('#status') || {}).textContent || ''"
+STOP_ARMED = "() => document.querySelector('#stop-btn').classList.contains('armed')"
 
 
 @dataclass
@@ -77,6 +78,7 @@ def photograph_mid_generation(page, url: str, scene: Scene, path: Path) -> dict 
         box.press("Enter")
     page.get_by_text("Raw knobs").click()
     page.evaluate("window.scrollTo(0, 0)")
+    assert not page.evaluate(STOP_ARMED), "Stop is shown in the stop colour before anything was sent"
     page.get_by_label("Message").fill(scene.prompt)
     page.keyboard.press("Enter")
     page.wait_for_function(scene.mid_generation(), timeout=60_000)
@@ -84,8 +86,10 @@ def photograph_mid_generation(page, url: str, scene: Scene, path: Path) -> dict 
     page.screenshot(path=str(path))
     decoding = "Decoding" in page.evaluate(STATUS)  # still decoding after the picture: it shows a live canvas
     if decoding:
+        assert page.evaluate(STOP_ARMED), "Stop is not in the stop colour while the answer decodes"
         page.get_by_role("button", name="Stop").click()
     page.wait_for_function(f"() => /Done|Stopped|ready for the next/.test(({STATUS})())", timeout=60_000)
+    page.wait_for_function(f"() => !({STOP_ARMED})()", timeout=10_000)  # back to plain once the turn has ended
     return state if decoding else None
 
 
