@@ -22,19 +22,21 @@ import triton
 from . import interpreting
 from ._scheduled_attention_triton import COMBINE_ROWS, LOG2E, _attention_combine_kernel, _attention_split_kernel
 
-WAVES = 2  # the split count aims at about this many programs per SM
+WAVES = 2  # programs of 64-row tiles that one SM holds at once: the split count fills at most this many per SM
 MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed cost (q load, partial store, combine) outweighs its keys
 INTERPRETER_SMS = 16  # a made-up machine, so the interpreter's default schedule splits small test problems too
 MAX_BUCKETS = 256  # ragged eager plans make a new bucket almost every step; old schedules are cheap to rebuild
 
 
 def choose_splits(n_tiles: int, n_heads: int, max_kv_len: int, n_sms: int) -> int:
-    """Key splits per (tile, head) so that the grid covers the SMs about WAVES times, each split keeping at
-    least MIN_KEYS_PER_SPLIT of the longest sequence's keys; 1 when the tiles alone fill the machine."""
+    """Key splits per (tile, head): as many as fit the programs the SMs hold at once (WAVES per SM), each split
+    keeping at least MIN_KEYS_PER_SPLIT of the longest sequence's keys; 1 when the tiles alone fill the machine.
+    Rounded down: a batch-1 program is mostly a fixed chain of latencies (plan, query tile, first keys, partial
+    store), so a few programs past what the SMs hold cost a whole second round of that chain."""
     programs = n_tiles * n_heads
     if programs == 0:
         return 1
-    wanted = round(WAVES * n_sms / programs)
+    wanted = WAVES * n_sms // programs
     return max(1, min(wanted, max_kv_len // MIN_KEYS_PER_SPLIT))
 
 

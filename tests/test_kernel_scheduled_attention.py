@@ -266,9 +266,11 @@ def test_static_plan_follows_tensors_rewritten_in_place():
     assert op.triton.bucket(batch.q, batch.plan, batch.score_init) is bucket and len(op.triton._buckets) == 1
 
 
-def test_split_count_fills_the_machine_about_twice():
+def test_split_count_fills_what_the_sms_hold_at_once():
     assert choose_splits(2, 32, 1312, 132) == 4  # LLaDA batch 1, 64-row tiles: 64 programs x 4 ~ 2 x 132 SMs
-    assert choose_splits(2, 28, 1312, 132) == 5  # Dream batch 1: 56 programs x 5
+    assert choose_splits(2, 28, 1312, 132) == 4  # Dream batch 1: 56 x 4 = 224 <= 264 (x 5 would need a 2nd round)
+    assert choose_splits(4, 28, 1312, 132) == 2  # Dream batch 2: 112 x 2
+    assert choose_splits(1, 32, 1312, 132) == 5  # 1 tile (a 48-row verify pass): 32 x 8 > 264, capped at 1312 // 256
     assert choose_splits(16, 32, 1312, 132) == 1  # batch 8: the tiles alone make ~4 waves
     assert choose_splits(2, 32, 700, 132) == 2  # capped: each split keeps >= 256 keys
     assert choose_splits(2, 32, 200, 132) == 1
