@@ -6,7 +6,7 @@ shim=$(mktemp -d); mkdir -p "$shim/flash_dllm"
 for d in app engine kernels assets; do ln -s "$PWD/$d" "$shim/flash_dllm/$d"; done
 export PYTHONPATH="$shim:$PWD/benchmarks"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 55 python3 benchmarks/bench_attention.py --models dream-7b --batches 1 --mass on 2>&1 | grep -v Warning | tee $OUT/attn-dream-b1.txt
+timeout 70 python3 benchmarks/bench_attention.py --models dream-7b --batches 1 --mass on 2>&1 | grep -v Warning | tee $OUT/attn-dream-b1.txt
 echo "elapsed $((SECONDS - start)) s"
-timeout 170 python3 benchmarks/results/gpu-check-2026-12-06f/splits_ab.py 2 dream-7b 2>&1 | grep -v Warning | tee $OUT/splits-ab-dream.txt
+timeout 230 python3 benchmarks/results/gpu-check-2026-12-06f/splits_ab.py 2 dream-7b 2>&1 | grep -v Warning | tee $OUT/splits-ab-dream.txt
 echo "elapsed $((SECONDS - start)) s"
