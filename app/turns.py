@@ -156,7 +156,9 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
             chat.system = system
             ctx.store.save(chat)
     except KeyError:
-        yield emit(status=note("Nothing to regenerate: that chat does not exist (any more).", "warn"))
+        said = ("Nothing to regenerate: send a message first." if not chat_id else
+                "Nothing to regenerate: that chat does not exist (any more).")
+        yield emit(status=note(said, "warn"))
         return
     except OSError as err:
         yield emit(status=note(f"{err}", "error"), message=message if not regenerate else gr.skip())

@@ -7,7 +7,7 @@ walk reads cells that the scatter wrote from other threads of the program, so a 
 
 The row's scalar flags (active, official end rule, steps left, padding due) are kept as int32 0/1 and turned into
 bool vectors by a comparison (`_flag`): Triton 3.9's interpreter broadcasts a scalar bool into int32 data, which
-a masked load or store then refuses; compiled code is the same either way.
+a masked load or store then refuses; on a GPU the decisions are the same either way.
 """
 from __future__ import annotations
 

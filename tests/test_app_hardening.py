@@ -62,6 +62,8 @@ def test_regenerate_with_an_unknown_chat_creates_nothing(app, client):
     for chat_id in ("0" * 32, "not-an-id", ""):
         out = named(client.predict(chat_id=chat_id, **SHORT, api_name="/regenerate"))
         assert "Nothing to regenerate" in out["status"]
+        # no chat chosen yet (a fresh page) is told what to do; a chat that is gone is said to be gone
+        assert ("send a message first" if not chat_id else "does not exist") in out["status"]
     assert {c.id for c in app.ctx.store.list()} == before
 
 
