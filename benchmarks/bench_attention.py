@@ -33,23 +33,27 @@ ROWS: list[dict] = []
 
 
 class DecodeStep:
-    """Inputs of one attention call of a batched Flash-Cache step, with `copies` separate KV caches."""
+    """Inputs of one attention call of a batched Flash-Cache step, with `copies` separate KV caches.
+    kv_len: every sequence's key count (default: random in 1,250..1,350); excluded: the fraction of cache rows
+    excluded at random (0: no kv_keep, as in a flash-cache step)."""
 
-    def __init__(self, model: str, n_seqs: int, block_m: int, copies: int, seed: int = 0):
+    def __init__(self, model: str, n_seqs: int, block_m: int, copies: int, seed: int = 0, kv_len: int | None = None,
+                 excluded: float = 0.05, device: str = "cuda"):
         gen = torch.Generator().manual_seed(seed)
         self.n_heads, self.n_kv_heads = MODELS[model]
         width = self.n_kv_heads * HEAD_DIM
-        self.kv_lens = torch.randint(1250, 1351, (n_seqs,), generator=gen).tolist()
-        self.q = torch.randn(n_seqs * ROWS_PER_SEQ, self.n_heads * HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-        self.caches = [(torch.randn(n_seqs * SLOT, width, device="cuda", dtype=torch.bfloat16),
-                        torch.randn(n_seqs * SLOT, width, device="cuda", dtype=torch.bfloat16)) for _ in range(copies)]
-        ints = lambda values: torch.tensor(values, dtype=torch.int32, device="cuda")  # noqa: E731
-        keep = (torch.rand(n_seqs * SLOT, generator=gen) > 0.05).to("cuda", torch.int8)
-        score_query = (torch.arange(n_seqs * ROWS_PER_SEQ) % ROWS_PER_SEQ < SCORED_ROWS).to("cuda")
-        self.plan = static_plan(n_seqs, ROWS_PER_SEQ, block_m, MAX_KV, ints([ROWS_PER_SEQ] * n_seqs),
-                                ints([b * SLOT for b in range(n_seqs)]), ints(self.kv_lens), "cuda", kv_keep=keep,
-                                score_query=score_query)
-        self.score = torch.zeros(n_seqs * SLOT, device="cuda")
+        self.kv_lens = ([kv_len] * n_seqs if kv_len is not None else
+                        torch.randint(1250, 1351, (n_seqs,), generator=gen).tolist())
+        self.q = torch.randn(n_seqs * ROWS_PER_SEQ, self.n_heads * HEAD_DIM, device=device, dtype=torch.bfloat16)
+        self.caches = [(torch.randn(n_seqs * SLOT, width, device=device, dtype=torch.bfloat16),
+                        torch.randn(n_seqs * SLOT, width, device=device, dtype=torch.bfloat16)) for _ in range(copies)]
+        ints = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
+        keep = (torch.rand(n_seqs * SLOT, generator=gen) > excluded).to(device, torch.int8) if excluded else None
+        score_query = (torch.arange(n_seqs * ROWS_PER_SEQ) % ROWS_PER_SEQ < SCORED_ROWS).to(device)
+        self.plan = static_plan(n_seqs, ROWS_PER_SEQ, block_m, max(MAX_KV, max(self.kv_lens)),
+                                ints([ROWS_PER_SEQ] * n_seqs), ints([b * SLOT for b in range(n_seqs)]),
+                                ints(self.kv_lens), device, kv_keep=keep, score_query=score_query)
+        self.score = torch.zeros(n_seqs * SLOT, device=device)
 
     def bytes_read(self) -> int:
         """K and V bytes one call must read (each visible cache row once)."""
@@ -59,21 +63,26 @@ class DecodeStep:
         return 4 * HEAD_DIM * self.n_heads * ROWS_PER_SEQ * sum(self.kv_lens)
 
 
+def graph_us(calls, n_calls: int) -> float:
+    """Median over REPLAYS of one replay of a graph of calls(), per call, in microseconds (calls() runs eagerly
+    first: schedules, workspaces, compiles and autotuning happen outside the graph)."""
+    calls()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    return graph_replay_ms(graph, REPLAYS) * 1000 / n_calls
+
+
 def graph_us_per_call(op: ScheduledAttention, step: DecodeStep, scored: bool = True) -> float:
-    """Median over REPLAYS of one graph replay of len(step.caches) calls, per call, in microseconds.
-    scored=False leaves the attention mass out (no score output)."""
+    """graph_us of len(step.caches) calls of op; scored=False leaves the attention mass out (no score output)."""
     score = step.score if scored else None
 
     def calls():
         for k_cache, v_cache in step.caches:
             op(step.q, k_cache, v_cache, step.plan, score)
 
-    calls()  # eager first: schedule, workspace, compile, autotune
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        calls()
-    return graph_replay_ms(graph, REPLAYS) * 1000 / len(step.caches)
+    return graph_us(calls, len(step.caches))
 
 
 def rel_err_vs_reference(op: ScheduledAttention, step: DecodeStep) -> float:

@@ -7,12 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-benchmarks/results/gpu-check}
 mkdir -p "$out"
-export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
-if ! python3 -c "import flash_dllm.engine" 2>/dev/null; then  # a bare checkout: expose the packages
-    shim=$(mktemp -d); mkdir -p "$shim/flash_dllm"
-    for d in app engine kernels assets; do ln -s "$PWD/$d" "$shim/flash_dllm/$d"; done
-    export PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}"
-fi
+source benchmarks/device_env.sh
 stages=${*:-decode-tests bench profile kernel-tests}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"

@@ -6,15 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-benchmarks/results}}
 mkdir -p "$out"
-export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
-
-if ! python3 -c "import flash_dllm.kernels" 2>/dev/null; then
-    # a bare checkout (package not installed): expose kernels/ as flash_dllm.kernels
-    shim=$(mktemp -d)
-    mkdir -p "$shim/flash_dllm"
-    ln -s "$PWD/kernels" "$shim/flash_dllm/kernels"
-    export PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}"
-fi
+source benchmarks/device_env.sh
 
 # Parallel workers overlap the Triton compiles and autotuning; --noconftest keeps a conftest that forces
 # the interpreter out of this run (the test modules read TRITON_INTERPRET=0 from the environment).

@@ -24,12 +24,12 @@ import torch
 import triton
 import triton.language as tl
 
-from flash_dllm.kernels import graph_replay_ms
+from bench_attention import HEAD_DIM as D, MODELS, ROWS_PER_SEQ as ROWS, DecodeStep, graph_us
 from flash_dllm.kernels import _scheduled_attention_triton as K
-from flash_dllm.kernels.scheduled_attention import ScheduledAttention, static_plan
+from flash_dllm.kernels.scheduled_attention import ScheduledAttention
 
-H, D, ROWS, SCORED, SLOT, BLOCK_M = 32, 128, 128, 16, 2048, 64
-REPLAYS = 200
+MODEL, BLOCK_M = "llada-8b", 64
+H = MODELS[MODEL][0]  # query heads = KV heads
 DRY = os.environ.get("PROBE_DRY") == "1"  # CPU dry run under TRITON_INTERPRET=1: every path once, no timing
 DEV = "cpu" if DRY else "cuda"
 RESULTS: list[dict] = []
@@ -41,35 +41,25 @@ def _empty_kernel(x_ptr):
         tl.store(x_ptr, 0.0)
 
 
-class Shape:
-    def __init__(self, kv_len: int, copies: int, scored: bool):
-        self.kv_len = kv_len
-        ints = lambda v: torch.tensor(v, dtype=torch.int32, device=DEV)  # noqa: E731
-        self.q = torch.randn(ROWS, H * D, device=DEV, dtype=torch.bfloat16)
-        self.caches = [(torch.randn(SLOT, H * D, device=DEV, dtype=torch.bfloat16),
-                        torch.randn(SLOT, H * D, device=DEV, dtype=torch.bfloat16)) for _ in range(copies)]
-        score_query = (torch.arange(ROWS) < SCORED).to(DEV) if scored else None
-        self.plan = static_plan(1, ROWS, BLOCK_M, max(kv_len, 1352), ints([ROWS]), ints([0]), ints([kv_len]),
-                                DEV, score_query=score_query)
-        self.score = torch.zeros(SLOT, device=DEV) if scored else None
+class Shape(DecodeStep):
+    """bench_attention's decode step at batch 1 with a fixed key count and no excluded keys (a flash-cache step
+    passes no kv_keep); score is its mass output, or None to leave the mass out."""
 
-    def flops(self) -> float:
-        return 4.0 * D * H * ROWS * self.kv_len
+    def __init__(self, kv_len: int, copies: int, scored: bool):
+        super().__init__(MODEL, 1, BLOCK_M, copies, kv_len=kv_len, excluded=0.0, device=DEV)
+        self.kv_len = kv_len
+        self.score = self.score if scored else None
 
 
 def timed(fn, n_calls: int) -> float:
-    fn()
     if DRY:
-        return 1.0
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
         fn()
-    return graph_replay_ms(graph, REPLAYS) * 1000 / n_calls
+        return 1.0
+    return graph_us(fn, n_calls)
 
 
-def record(name: str, us: float, shape: Shape | None, **extra) -> None:
-    tflops = shape.flops() / us / 1e6 if shape else float("nan")
+def record(name: str, us: float, flops: float | None, **extra) -> None:
+    tflops = flops / us / 1e6 if flops else float("nan")
     RESULTS.append({"variant": name, "us": round(us, 2), "tflops": round(tflops, 1), **extra})
     print(f"  {name:<58} {us:7.2f} us  {tflops:6.1f} TFLOP/s", flush=True)
 
@@ -103,7 +93,7 @@ def probe(kv_len: int, scored: bool, l2_bytes: int) -> None:
     auto = ScheduledAttention("triton", H, H, D)
     chosen = auto.key_splits(shape.q, shape.plan, shape.score)
     record(f"op auto (splits={chosen})", timed(calls(lambda k, v: auto(shape.q, k, v, shape.plan, shape.score)),
-                                              copies), shape, kv=kv_len, mass=scored)
+                                              copies), shape.flops(), kv=kv_len, mass=scored)
     for n_splits in (2, 3, 4, 5, 6):
         op = ScheduledAttention("triton", H, H, D, n_splits=n_splits)
         inner = op.triton
@@ -111,7 +101,7 @@ def probe(kv_len: int, scored: bool, l2_bytes: int) -> None:
         bucket, launch, _, ws = split_launcher(inner, shape, None)
         best = K._attention_split_kernel.best_config
         record(f"split only, {n_splits} splits, autotuned {best.kwargs} w{best.num_warps} s{best.num_stages}",
-               timed(calls(launch), copies), shape, kv=kv_len, mass=scored, splits=n_splits)
+               timed(calls(launch), copies), shape.flops(), kv=kv_len, mass=scored, splits=n_splits)
         if n_splits == chosen or (n_splits == 4 and kv_len > 256):
             out = torch.empty_like(shape.q)
 
@@ -131,7 +121,7 @@ def probe(kv_len: int, scored: bool, l2_bytes: int) -> None:
                 except Exception as exc:  # out of shared memory etc.: say so, go on
                     print(f"  BLOCK_N={block_n} w{warps} s{stages}: {type(exc).__name__}: {str(exc)[:80]}")
                     continue
-                record(f"split only, {n_splits} splits, BLOCK_N={block_n} w{warps} s{stages}", us, shape,
+                record(f"split only, {n_splits} splits, BLOCK_N={block_n} w{warps} s{stages}", us, shape.flops(),
                        kv=kv_len, mass=scored, splits=n_splits, block_n=block_n, warps=warps, stages=stages)
 
 
@@ -142,7 +132,6 @@ def sdpa(kv_len: int, l2_bytes: int) -> None:
     q = torch.randn(1, H, ROWS, D, device=DEV, dtype=torch.bfloat16)
     kvs = [(torch.randn(1, H, kv_len, D, device=DEV, dtype=torch.bfloat16),
             torch.randn(1, H, kv_len, D, device=DEV, dtype=torch.bfloat16)) for _ in range(copies)]
-    shape = type("S", (), {"flops": lambda self: 4.0 * D * H * ROWS * kv_len})()
     print(f"\nSDPA dense kv={kv_len} (graph of {copies} calls)")
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
                           ("cudnn", SDPBackend.CUDNN_ATTENTION)):
@@ -152,7 +141,7 @@ def sdpa(kv_len: int, l2_bytes: int) -> None:
         except Exception as exc:
             print(f"  sdpa {name}: {type(exc).__name__}: {str(exc)[:100]}")
             continue
-        record(f"sdpa {name}", us, shape, kv=kv_len)
+        record(f"sdpa {name}", us, 4.0 * D * H * ROWS * kv_len, kv=kv_len)
 
 
 def main() -> None:
@@ -168,7 +157,7 @@ def main() -> None:
         props = torch.cuda.get_device_properties(0)
     print(f"{props.name}: {props.multi_processor_count} SMs; torch {torch.__version__}, triton {triton.__version__}")
     x = torch.zeros(1, device=DEV)
-    grid = (2, H, 5)
+    grid = (2, H, 5)  # the split kernel's grid at batch 1
     record("empty Triton kernel, grid (2, 32, 5), 1 call", timed(lambda: _empty_kernel[grid](x), 1), None)
     record("empty Triton kernel, 9 calls", timed(lambda: [_empty_kernel[grid](x) for _ in range(9)], 9), None)
     for scored in (True, False):

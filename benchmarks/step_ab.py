@@ -22,6 +22,11 @@ from flash_dllm.engine.geometry import random_engine
 Cell = tuple[str, int, int]  # method, batch, iterations
 
 
+def pick_cells(cells: list[Cell], chosen: str) -> list[Cell]:
+    """The cells named "method:batch,..." ("all": every one)."""
+    return cells if chosen == "all" else [c for c in cells if f"{c[0]}:{c[1]}" in chosen.split(",")]
+
+
 def fresh_session(engine) -> None:
     """Forget everything a setting may have been baked into: the decode session and the attention schedules."""
     engine.release_decode_memory()

@@ -1,9 +1,6 @@
 #!/bin/bash
 # Attention at decode shapes (64- vs 128-row tiles, batch 1/8/32), then the step with either tile height.
-export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
-shim=$(mktemp -d); mkdir -p "$shim/flash_dllm"
-for d in app engine kernels assets; do ln -s "$PWD/$d" "$shim/flash_dllm/$d"; done
-export PYTHONPATH="$shim:$PWD/benchmarks"
+source benchmarks/device_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 timeout 200 python3 benchmarks/bench_attention.py --models llada-8b --batches 1 8 32 --block-m 64 128 --mass on --csv $OUT/attn-llada.csv 2>&1 | tee $OUT/attn-llada.txt

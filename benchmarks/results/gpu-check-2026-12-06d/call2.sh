@@ -1,10 +1,7 @@
 #!/bin/bash
 # The tile-height rule adopted: GPU tests (kernel at both heights, graph == eager with wide tiles at full
 # geometry), then the rule against 64-row tiles everywhere in one process.
-export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
-shim=$(mktemp -d); mkdir -p "$shim/flash_dllm"
-for d in app engine kernels assets; do ln -s "$PWD/$d" "$shim/flash_dllm/$d"; done
-export PYTHONPATH="$shim:$PWD/benchmarks"
+source benchmarks/device_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 170 python3 -m pytest -q -p no:cacheprovider -x tests/test_device_decoder.py \
   tests/test_kernel_scheduled_attention.py -k "wide or test_full_shapes_bf16" 2>&1 | tail -15 | tee $OUT/tests.txt

@@ -1,11 +1,8 @@
 #!/bin/bash
 # Batch-1 attention: where its time goes (probe), then the wide-tile GPU tests and the tile rule's A/B
 # left from the previous session (gpu-check-2026-12-06d/call2.sh).
-export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh
 start=$SECONDS
-shim=$(mktemp -d); mkdir -p "$shim/flash_dllm"
-for d in app engine kernels assets; do ln -s "$PWD/$d" "$shim/flash_dllm/$d"; done
-export PYTHONPATH="$shim:$PWD/benchmarks"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 timeout 200 python3 benchmarks/probe_attention_batch1.py --csv $OUT/probe-attn-b1.csv 2>&1 | grep -v Warning | tee $OUT/probe-attn-b1.txt
 echo "elapsed $((SECONDS - start)) s"

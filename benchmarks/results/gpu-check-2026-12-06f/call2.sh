@@ -1,17 +1,8 @@
 #!/bin/bash
-# The README's decode table again (the NN weight layout and the tile rule are in since the 2026-12-05 table):
-# LLaDA-8B geometry, batch 1 in 5 processes x 400 iterations, then batch 8 and 32 in one process.
-export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
-start=$SECONDS
-shim=$(mktemp -d); mkdir -p "$shim/flash_dllm"
-for d in app engine kernels assets; do ln -s "$PWD/$d" "$shim/flash_dllm/$d"; done
-export PYTHONPATH="$shim"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 340 python3 -m flash_dllm.engine.bench decode --geometry llada-8b --methods flash-cache,flash-verify,fast-dllm \
-  --batch-sizes 1 --iterations 400 --repeats 5 --out $OUT/llada-b1-5x400 2>&1 | grep -v Warning | tail -14
-echo "elapsed $((SECONDS - start)) s"
-left=$((580 - SECONDS + start))
-[ $left -gt 150 ] && timeout $left python3 -m flash_dllm.engine.bench decode --geometry llada-8b \
-  --methods flash-cache,flash-verify,fast-dllm --batch-sizes 8,32 --iterations 100 --repeats 1 \
-  --out $OUT/llada-batch-8-32 2>&1 | grep -v Warning | tail -12
-echo "elapsed $((SECONDS - start)) s"
+# The README's decode table again on the current code (the NN weight layout, the tile rule and the split rounding
+# are in since the 2026-12-05 table), through gpu_decode_check.sh's bench stage: batch 1 in 5 processes x 400
+# iterations, then batch 8 and 32 in one process. Usage: call2.sh [llada-8b | dream-7b]
+geometry=${1:-llada-8b}
+OUT=$OUT/$geometry-b1-5x400 GEOMETRY=$geometry BATCHES=1 ITERATIONS=400 REPEATS=5 bash benchmarks/gpu_decode_check.sh bench
+OUT=$OUT/$geometry-batch-8-32 GEOMETRY=$geometry BATCHES=8,32 ITERATIONS=100 REPEATS=1 \
+  bash benchmarks/gpu_decode_check.sh bench

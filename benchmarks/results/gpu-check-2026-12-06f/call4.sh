@@ -1,11 +1,8 @@
 #!/bin/bash
 # Ran with mass-by-dot.patch applied (the kernel option, its tests and the probe function; not adopted, since removed).
 # The attention mass as a 16-row tensor-core dot: kernel probe, GPU attention tests with it, then the step A/B.
-export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh
 start=$SECONDS
-shim=$(mktemp -d); mkdir -p "$shim/flash_dllm"
-for d in app engine kernels assets; do ln -s "$PWD/$d" "$shim/flash_dllm/$d"; done
-export PYTHONPATH="$shim:$PWD/benchmarks"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout 120 python3 benchmarks/probe_attention_batch1.py --only-mass-by-dot --csv $OUT/probe-mass-by-dot.csv 2>&1 | grep -v Warning | tee $OUT/probe-mass-by-dot.txt
 echo "elapsed $((SECONDS - start)) s"

@@ -1,11 +1,8 @@
 #!/bin/bash
 # Key splits rounded down (Dream-7B batch 1: 5 -> 4): the attention call at every forced count, then the step A/B.
 # Run it with PYTHONPATH holding benchmarks/ (set below) since splits_ab.py imports step_ab.
-export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh
 start=$SECONDS
-shim=$(mktemp -d); mkdir -p "$shim/flash_dllm"
-for d in app engine kernels assets; do ln -s "$PWD/$d" "$shim/flash_dllm/$d"; done
-export PYTHONPATH="$shim:$PWD/benchmarks"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 # the canvas-commit kernel changed after the last device run (int32 row flags): its GPU tests first
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_canvas_commit.py 2>&1 | tail -2 | tee $OUT/commit-tests.txt
