@@ -267,10 +267,16 @@ def test_static_plan_follows_tensors_rewritten_in_place():
 
 
 def test_split_count_fills_what_the_sms_hold_at_once():
-    assert choose_splits(2, 32, 1312, 132) == 4  # LLaDA batch 1, 64-row tiles: 64 programs x 4 ~ 2 x 132 SMs
-    assert choose_splits(2, 28, 1312, 132) == 4  # Dream batch 1: 56 x 4 = 224 <= 264 (x 5 would need a 2nd round)
-    assert choose_splits(4, 28, 1312, 132) == 2  # Dream batch 2: 112 x 2
+    # (tiles, heads): a batch-1 flash-cache step makes 2 tiles for LLaDA (128 rows) and 3 for Dream (144 rows: the
+    # shifted readout adds 16); a verify pass or a fast-dllm block makes 1 per sequence
+    assert choose_splits(2, 32, 1312, 132) == 4  # LLaDA batch 1: 64 programs x 4 ~ 2 x 132 SMs
+    assert choose_splits(3, 28, 1312, 132) == 3  # Dream batch 1: 84 x 3 = 252
+    assert choose_splits(2, 28, 1312, 132) == 4  # Dream's verify / fast-dllm at batch 2: 56 x 4 = 224 <= 264 (x 5
+    #                                              would put 16 programs in a second round)
+    assert choose_splits(6, 28, 1312, 132) == 1  # Dream flash-cache batch 2: 168 x 2 would not fit at once
+    assert choose_splits(4, 28, 1312, 132) == 2  # 112 x 2
     assert choose_splits(1, 32, 1312, 132) == 5  # 1 tile (a 48-row verify pass): 32 x 8 > 264, capped at 1312 // 256
+    assert choose_splits(2, 32, 1312, 82) == 2  # an RTX 3090's 82 SMs: 164 // 64
     assert choose_splits(16, 32, 1312, 132) == 1  # batch 8: the tiles alone make ~4 waves
     assert choose_splits(2, 32, 700, 132) == 2  # capped: each split keeps >= 256 keys
     assert choose_splits(2, 32, 200, 132) == 1

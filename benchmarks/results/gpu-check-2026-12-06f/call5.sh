@@ -1,5 +1,6 @@
 #!/bin/bash
-# Key splits rounded down (Dream-7B batch 1: 5 -> 4): the attention call at every forced count, then the step A/B.
+# Key splits rounded down: the attention call of a 2-tile Dream-7B call (128 rows) at every forced count, then the
+# step A/B at batch 1 (which, it turned out, has 3 tiles for Dream: 3 splits under either rule; see 2026-12-07a).
 # Run it with PYTHONPATH holding benchmarks/ (set below) since splits_ab.py imports step_ab.
 source benchmarks/device_env.sh
 start=$SECONDS

@@ -1,17 +1,19 @@
 """The decode step with the key-split count rounded (the previous rule, round(WAVES * SMs / programs)) or rounded
 down (the new one, which never asks for more programs than the SMs hold at once), alternating in one process
-(benchmarks/step_ab.py). Only Dream-7B at batch 1 changes (56 programs: 5 splits -> 4).
+(benchmarks/step_ab.py). Which shapes change: an attention call of T 64-row tiles over H heads makes T * H
+programs per split; the header prints both rules' counts for 1-6 tiles. A batch-1 step makes 2 tiles for LLaDA's
+flash-cache (128 rows), 3 for Dream's (144: the shifted readout adds 16), 1 for a verify pass or a fast-dllm block.
 
-    splits_ab.py ROUNDS [GEOMETRY]      (PYTHONPATH must hold benchmarks/)
+    splits_ab.py ROUNDS [GEOMETRY] [CELLS]   CELLS: "method:batch,..." or "all" (PYTHONPATH must hold benchmarks/)
 """
 import sys
 
 import torch
 
 from flash_dllm.kernels import _scheduled_attention_launcher as launcher
-from step_ab import run_ab
+from step_ab import pick_cells, run_ab
 
-CELLS = [("flash-cache", 1, 300), ("flash-verify", 1, 300), ("fast-dllm", 1, 300)]
+CELLS = [(m, b, 300) for b in (1, 2, 3) for m in ("flash-cache", "flash-verify", "fast-dllm")]
 FLOOR = launcher.choose_splits
 
 
@@ -30,9 +32,11 @@ def rule(choose):
 
 def header(engine) -> str:
     heads, sms = engine.model.config.n_heads, torch.cuda.get_device_properties(0).multi_processor_count
-    return f"batch-1 splits (2 tiles): round {rounded(2, heads, 1312, sms)}, floor {FLOOR(2, heads, 1312, sms)}"
+    return "splits by tiles (round/floor): " + " ".join(
+        f"{t}:{rounded(t, heads, 1312, sms)}/{FLOOR(t, heads, 1312, sms)}" for t in range(1, 7))
 
 
 if __name__ == "__main__":
-    run_ab(sys.argv[2] if len(sys.argv) > 2 else "dream-7b", {"round": rule(rounded), "floor": rule(FLOOR)}, CELLS,
-           int(sys.argv[1]) if len(sys.argv) > 1 else 2, header)
+    run_ab(sys.argv[2] if len(sys.argv) > 2 else "dream-7b", {"round": rule(rounded), "floor": rule(FLOOR)},
+           pick_cells(CELLS, sys.argv[3] if len(sys.argv) > 3 else "all"), int(sys.argv[1]) if len(sys.argv) > 1 else 2,
+           header)
