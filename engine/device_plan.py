@@ -27,7 +27,11 @@ from flash_dllm.engine.sampling import Predictions, predict
 from flash_dllm.kernels.greedy_predict import GreedyPredict
 from flash_dllm.kernels.threshold_select import ThresholdSelect, ensure_progress_reference
 
-_FAR = 1 << 50  # priority of a position that is never tracked
+# Tracked-position priorities are float32 (exact integers below 2 ** 24): a float top-k on CUDA runs half the
+# radix passes of an int64 one. Newly committed cells rank by commit order (< the answer width), then the i-th
+# most attended position at _ATTENDED + i, then _FAR: never tracked.
+_ATTENDED = 1 << 22
+_FAR = float(1 << 23)
 
 
 def first_cells(mask: torch.Tensor, count: int) -> torch.Tensor:
@@ -146,9 +150,9 @@ class FlashCache(DeviceMethod):
         self.readout = window
         self.attended = torch.full((canvas.n_slots, max(min(track, L), 1)), -1, dtype=torch.int64,
                                    device=canvas.tokens.device)
-        # the priority of the i-th most attended position: after every newly committed cell (ranks < NOT_NEW)
-        self._attended_rank = (torch.arange(self.attended.shape[1], device=canvas.tokens.device) + NOT_NEW
-                               ).expand_as(self.attended).contiguous()
+        assert canvas.width < _ATTENDED and self.attended.shape[1] < _FAR - _ATTENDED, "priorities must stay exact"
+        self._attended_rank = (torch.arange(self.attended.shape[1], dtype=torch.float32, device=canvas.tokens.device)
+                               + _ATTENDED).expand_as(self.attended).contiguous()
         self.tracks_attention = track > 0
 
     def reset(self, canvas: DeviceCanvas) -> None:
@@ -186,12 +190,13 @@ class FlashCache(DeviceMethod):
         previous step's commits in commit order, then the decoded positions the window attended to most in the
         previous step."""
         S, L = chosen.shape
-        prio = torch.full((S, L + 1), _FAR, dtype=torch.int64, device=chosen.device)
+        prio = torch.full((S, L + 1), _FAR, dtype=torch.float32, device=chosen.device)
         prio.scatter_(1, torch.where(self.attended >= 0, self.attended, L), self._attended_rank)
-        new_pos = torch.where(canvas.newly_rank < NOT_NEW, p0_cells(canvas), L)
-        prio.scatter_(1, new_pos, canvas.newly_rank)
+        new_pos = torch.where(canvas.newly_rank < NOT_NEW, p0_cells(canvas), L)  # others land in the dump column
+        prio.scatter_(1, new_pos, canvas.newly_rank.to(torch.float32))
         prio = prio[:, :L].masked_fill(chosen, _FAR)
-        values, index = torch.topk(prio, min(self.track, L), dim=1, largest=False)
+        # unsorted: the caller only sets flags at these positions
+        values, index = torch.topk(prio, min(self.track, L), dim=1, largest=False, sorted=False)
         return torch.where(values < _FAR, index, L)
 
     def note_attention(self, canvas: DeviceCanvas, scores: torch.Tensor) -> None:
