@@ -31,12 +31,15 @@ MAX_BUCKETS = 256  # ragged eager plans make a new bucket almost every step; old
 def choose_splits(n_tiles: int, n_heads: int, max_kv_len: int, n_sms: int) -> int:
     """Key splits per (tile, head): as many as fit the programs the SMs hold at once (WAVES per SM), each split
     keeping at least MIN_KEYS_PER_SPLIT of the longest sequence's keys; 1 when the tiles alone fill the machine.
-    Rounded down: a batch-1 program is mostly a fixed chain of latencies (plan, query tile, first keys, partial
-    store), so a few programs past what the SMs hold cost a whole second round of that chain."""
+    Rounded down from two splits up: a batch-1 program is mostly a fixed chain of latencies (plan, query tile,
+    first keys, partial store), so a few programs past what the SMs hold cost a second round of that chain. But
+    between one split and two, rounded to the nearest: one split makes every program walk all the keys, which
+    costs more than a partial second round of half-length programs."""
     programs = n_tiles * n_heads
     if programs == 0:
         return 1
-    wanted = WAVES * n_sms // programs
+    slots = WAVES * n_sms
+    wanted = slots // programs if slots >= 2 * programs else round(slots / programs)
     return max(1, min(wanted, max_kv_len // MIN_KEYS_PER_SPLIT))
 
 

@@ -273,10 +273,14 @@ def test_split_count_fills_what_the_sms_hold_at_once():
     assert choose_splits(3, 28, 1312, 132) == 3  # Dream batch 1: 84 x 3 = 252
     assert choose_splits(2, 28, 1312, 132) == 4  # Dream's verify / fast-dllm at batch 2: 56 x 4 = 224 <= 264 (x 5
     #                                              would put 16 programs in a second round)
-    assert choose_splits(6, 28, 1312, 132) == 1  # Dream flash-cache batch 2: 168 x 2 would not fit at once
+    assert choose_splits(3, 32, 1312, 132) == 2  # LLaDA's verify / fast-dllm at batch 3: 96 x 3 would not fit
+    assert choose_splits(6, 28, 1312, 132) == 2  # Dream flash-cache batch 2: 264 / 168 = 1.6 rounds to 2 (one
+    #                                              split, every program walking all the keys, is slower)
+    assert choose_splits(6, 32, 1312, 132) == 1  # 264 / 192 = 1.4
     assert choose_splits(4, 28, 1312, 132) == 2  # 112 x 2
     assert choose_splits(1, 32, 1312, 132) == 5  # 1 tile (a 48-row verify pass): 32 x 8 > 264, capped at 1312 // 256
     assert choose_splits(2, 32, 1312, 82) == 2  # an RTX 3090's 82 SMs: 164 // 64
+    assert choose_splits(3, 28, 1312, 82) == 2  # Dream batch 1 there: 164 / 84 = 1.95
     assert choose_splits(16, 32, 1312, 132) == 1  # batch 8: the tiles alone make ~4 waves
     assert choose_splits(2, 32, 700, 132) == 2  # capped: each split keeps >= 256 keys
     assert choose_splits(2, 32, 200, 132) == 1

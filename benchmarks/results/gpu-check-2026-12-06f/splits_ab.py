@@ -1,8 +1,10 @@
-"""The decode step with the key-split count rounded (the previous rule, round(WAVES * SMs / programs)) or rounded
-down (the new one, which never asks for more programs than the SMs hold at once), alternating in one process
-(benchmarks/step_ab.py). Which shapes change: an attention call of T 64-row tiles over H heads makes T * H
-programs per split; the header prints both rules' counts for 1-6 tiles. A batch-1 step makes 2 tiles for LLaDA's
-flash-cache (128 rows), 3 for Dream's (144: the shifted readout adds 16), 1 for a verify pass or a fast-dllm block.
+"""The decode step with the key-split count rounded (the rule before 2026-12-06, round(WAVES * SMs / programs)) or
+chosen by choose_splits as it stands (rounded down until 2026-12-07; since then rounded down from two splits up
+and to the nearest between one and two: `floor` in the outputs of 2026-12-07a is the plain round-down),
+alternating in one process (benchmarks/step_ab.py). Which shapes change: an attention call of T 64-row tiles over
+H heads makes T * H programs per split; the header prints both rules' counts for 1-6 tiles. A batch-1 step makes 2
+tiles for LLaDA's flash-cache (128 rows), 3 for Dream's (144: the shifted readout adds 16), 1 for a verify pass or
+a fast-dllm block.
 
     splits_ab.py ROUNDS [GEOMETRY] [CELLS]   CELLS: "method:batch,..." or "all" (PYTHONPATH must hold benchmarks/)
 """
