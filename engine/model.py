@@ -248,4 +248,4 @@ def forward_cached(
         else:
             update = F.linear(ops.silu_mul(F.linear(x, layer.w_gate_up)), layer.w_down)
     rows = step.hidden_rows
-    return ops.norm(h.index_select(0, rows), update.index_select(0, rows), model.final_norm, eps)[1]
+    return ops.norm(h, update, model.final_norm, eps, rows=rows)[1]  # gathers the rows the head reads

@@ -1,7 +1,8 @@
 """Triton kernel behind `add_rms_norm` (contract: see add_rms_norm.py).
 
 One program owns ROWS whole rows (ROWS = 1 at model widths), so the row sum needs no cross-program step and
-an in-place residual write can never race: every element is read before its program writes it back.
+an in-place residual write can never race: every element is read before its program writes it back. With a
+row index (HAS_ROWS) output row i is computed from input row rows[i]; the outputs are then separate tensors.
 
 Bitwise agreement with torch's unfused sequence rests on doing the same fp32 operations in the same order:
   * squares rounded before they are summed, and the mean rounded before eps is added, so the kernel is
@@ -44,22 +45,29 @@ def round_to_storage(x, dtype: tl.constexpr, ROUND_BF16_BY_BITS: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_rows"])  # the step's token count changes every call; one compile serves all
 def _add_rms_norm_kernel(
-    residual_ptr, update_ptr, weight_ptr, new_residual_ptr, normed_ptr,
+    residual_ptr, update_ptr, weight_ptr, new_residual_ptr, normed_ptr, rows_ptr,
     n_rows, stride_residual, stride_update, stride_new_residual, stride_normed, inv_d, eps,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, HAS_UPDATE: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, HAS_UPDATE: tl.constexpr, HAS_ROWS: tl.constexpr,
     MEAN_TIMES_RECIPROCAL: tl.constexpr, ROUND_BF16_BY_BITS: tl.constexpr,
 ):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # output rows
     cols = tl.arange(0, BLOCK_D)
     in_bounds = (rows < n_rows)[:, None] & (cols < D)[None, :]
     rows64 = rows.to(tl.int64)[:, None]
-    x = tl.load(residual_ptr + rows64 * stride_residual + cols[None, :], mask=in_bounds, other=0.0)
-    x = x.to(tl.float32)
+    if HAS_ROWS:
+        source64 = tl.load(rows_ptr + rows, mask=rows < n_rows, other=0)[:, None]
+    else:
+        source64 = rows64
+    x = tl.load(residual_ptr + source64 * stride_residual + cols[None, :], mask=in_bounds, other=0.0)
     if HAS_UPDATE:
-        u = tl.load(update_ptr + rows64 * stride_update + cols[None, :], mask=in_bounds, other=0.0)
-        new_residual = round_to_storage(x + u.to(tl.float32), new_residual_ptr.dtype.element_ty, ROUND_BF16_BY_BITS)
+        u = tl.load(update_ptr + source64 * stride_update + cols[None, :], mask=in_bounds, other=0.0)
+        new_residual = round_to_storage(x.to(tl.float32) + u.to(tl.float32), new_residual_ptr.dtype.element_ty,
+                                        ROUND_BF16_BY_BITS)
         tl.store(new_residual_ptr + rows64 * stride_new_residual + cols[None, :], new_residual, mask=in_bounds)
-        x = new_residual.to(tl.float32)  # the norm reads the rounded sum, as torch's second kernel does
+        x = new_residual  # the norm reads the rounded sum, as torch's second kernel does
+    elif HAS_ROWS:  # the gathered rows are the new residual
+        tl.store(new_residual_ptr + rows64 * stride_new_residual + cols[None, :], x, mask=in_bounds)
+    x = x.to(tl.float32)
 
     sum_squares = tl.sum(x * x, axis=1)  # padding lanes load 0 and add nothing
     if MEAN_TIMES_RECIPROCAL:
@@ -93,20 +101,28 @@ def norm_launch(d: int) -> NormLaunch:
     return NormLaunch(block_d=block_d, rows_per_program=rows, num_warps=num_warps, inv_d=inv_d)
 
 
-def add_rms_norm_triton(residual, update, weight, eps: float, out=None, inplace: bool = False):
+def add_rms_norm_triton(residual, update, weight, eps: float, out=None, inplace: bool = False, rows=None):
     """Launch the fused kernel; inputs must satisfy the contract (nothing is checked here)."""
     n_rows, d = residual.shape
     launch = norm_launch(d)
-    new_residual = residual if (inplace or update is None) else torch.empty_like(residual)
-    normed = torch.empty_like(residual) if out is None else out
+    if rows is not None:
+        n_rows = rows.shape[0]
+        new_residual = residual.new_empty((n_rows, d))
+    else:
+        new_residual = residual if (inplace or update is None) else torch.empty_like(residual)
+    if out is not None:
+        normed = out
+    else:
+        normed = torch.empty_like(residual) if rows is None else new_residual.new_empty((n_rows, d))
     if n_rows == 0:
         return new_residual, normed
     has_update = update is not None
     update = update if has_update else residual  # never read
     _add_rms_norm_kernel[(triton.cdiv(n_rows, launch.rows_per_program),)](
-        residual, update, weight, new_residual, normed,
+        residual, update, weight, new_residual, normed, rows if rows is not None else residual,
         n_rows, residual.stride(0), update.stride(0), new_residual.stride(0), normed.stride(0), launch.inv_d, eps,
         D=d, BLOCK_D=launch.block_d, ROWS=launch.rows_per_program, HAS_UPDATE=has_update,
+        HAS_ROWS=rows is not None,
         MEAN_TIMES_RECIPROCAL=not _INTERPRETED, ROUND_BF16_BY_BITS=_INTERPRETED,
         num_warps=launch.num_warps, enable_fp_fusion=False,
     )

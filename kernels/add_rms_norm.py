@@ -13,6 +13,9 @@ Returns (new_residual, normed), both [N, D] in residual's dtype:
 inplace=True writes new_residual into `residual` itself and returns it (the engine keeps h in a preallocated
 buffer); out= receives normed. update=None leaves residual untouched and returns it as new_residual.
 `out` must not overlap residual or update.
+rows      [R] int64 indices into residual's rows, or None. Given, the op reads only those rows (any order,
+          repeats allowed: a gather, as `residual.index_select(0, rows)` and the same of update) and both results
+          are new [R, D] tensors (the engine's final norm, over the few rows the LM head reads). Not with inplace.
 
 Exactness: new_residual is bit-exact. normed is bit-exact given the row factor r; r itself can differ from
 torch's by an fp32 ulp or two, because torch and the kernel sum the squares in different orders (no
@@ -43,8 +46,13 @@ def add_rms_norm_reference(
     eps: float,
     out: torch.Tensor | None = None,
     inplace: bool = False,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The unfused torch sequence: `residual + update` (or `add_`), then the RMSNorm formula."""
+    """The unfused torch sequence: the rows gathered (if asked), `residual + update` (or `add_`), then the
+    RMSNorm formula."""
+    if rows is not None:
+        residual = residual.index_select(0, rows)
+        update = update.index_select(0, rows) if update is not None else None
     if update is None:
         new_residual = residual
     elif inplace:
@@ -57,8 +65,10 @@ def add_rms_norm_reference(
     return new_residual, normed
 
 
-def check_add_rms_norm_inputs(residual, update, weight, out, backend: str) -> None:
-    """The contract's shape/dtype/layout rules; raises ValueError. Run by the dispatcher, not by AddRMSNorm."""
+def check_add_rms_norm_inputs(residual, update, weight, out, backend: str, inplace: bool = False,
+                              rows: torch.Tensor | None = None) -> None:
+    """The contract's shape/dtype/layout rules; raises ValueError. Run by the dispatcher, not by AddRMSNorm
+    (the row range check reads the indices back to the host)."""
     if residual.dim() != 2 or residual.dtype not in _DTYPES:
         raise ValueError(f"residual must be [N, D] bf16/fp16/fp32, got {tuple(residual.shape)} {residual.dtype}")
     n, d = residual.shape
@@ -69,8 +79,18 @@ def check_add_rms_norm_inputs(residual, update, weight, out, backend: str) -> No
         raise ValueError("update must match residual's shape and dtype, last dimension contiguous")
     if weight.shape != (d,) or not weight.is_floating_point():
         raise ValueError(f"weight must be a float [{d}] vector, got {tuple(weight.shape)} {weight.dtype}")
+    if rows is not None:
+        if rows.dim() != 1 or rows.dtype != torch.int64 or rows.device != residual.device:
+            raise ValueError(f"rows must be a 1-D int64 tensor on {residual.device}, got {tuple(rows.shape)} "
+                             f"{rows.dtype} on {rows.device}")
+        if inplace:
+            raise ValueError("rows (a gather into new tensors) cannot be combined with inplace")
+        if rows.numel() and not (0 <= int(rows.min()) and int(rows.max()) < n):
+            raise ValueError(f"rows must index residual's {n} rows, got {int(rows.min())}..{int(rows.max())}")
+        n = rows.numel()
     if out is not None and (out.shape != (n, d) or out.dtype != residual.dtype or out.stride(1) != 1):
-        raise ValueError("out must be [N, D] in residual's dtype, last dimension contiguous")
+        raise ValueError("out must be [N, D] (N = len(rows) when given) in residual's dtype, last dimension "
+                         "contiguous")
     if backend == "triton" and d > MAX_TRITON_WIDTH:
         raise ValueError(f"the Triton add_rms_norm handles rows up to {MAX_TRITON_WIDTH} wide, got {d}")
 
@@ -80,11 +100,11 @@ def _bind(backend: str):
 
 
 def add_rms_norm(residual: torch.Tensor, update: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
-                 out: torch.Tensor | None = None, inplace: bool = False,
+                 out: torch.Tensor | None = None, inplace: bool = False, rows: torch.Tensor | None = None,
                  backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """Checked dispatcher: "torch" runs the reference, "triton" the fused kernel (see module docstring)."""
-    check_add_rms_norm_inputs(residual, update, weight, out, backend)
-    return _bind(backend)(residual, update, weight, eps, out, inplace)
+    check_add_rms_norm_inputs(residual, update, weight, out, backend, inplace, rows)
+    return _bind(backend)(residual, update, weight, eps, out, inplace, rows)
 
 
 class AddRMSNorm:
@@ -97,5 +117,6 @@ class AddRMSNorm:
         self._run = _bind(backend)
 
     def __call__(self, residual: torch.Tensor, update: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                 out: torch.Tensor | None = None, inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._run(residual, update, weight, eps, out, inplace)
+                 out: torch.Tensor | None = None, inplace: bool = False,
+                 rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._run(residual, update, weight, eps, out, inplace, rows)

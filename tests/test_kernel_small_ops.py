@@ -137,6 +137,43 @@ def test_plain_rms_norm_when_update_is_none(n, d, dtype):
     check_normed(residual, weight, normed, majority=n == 130)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n,d,picked", [(17, 96, [16, 0, 3, 3, 9]), (130, 4096, list(range(129, 1, -8))),
+                                        (5, 200, [2]), (3, 64, [])])
+@pytest.mark.parametrize("with_update", [True, False], ids=["add", "plain"])
+def test_gathered_rows_equal_the_norm_of_the_selected_rows(n, d, picked, with_update, dtype):
+    """rows= (the engine's final norm over the rows the LM head reads): out of order, repeated, one, none. The
+    kernel against the reference over the same gathered rows, bit for bit where the squares sum exactly."""
+    residual, update, weight = integer_norm_inputs(n, d, dtype, seed=n + d)
+    update = update if with_update else None
+    rows = torch.tensor(picked, dtype=torch.int64, device=DEVICE)
+    before = residual.clone()
+    new_residual, normed = add_rms_norm(residual, update, weight, EPS, rows=rows, backend="triton")
+    gathered = residual[rows] + update[rows] if with_update else residual[rows]
+    assert new_residual.shape == normed.shape == (len(picked), d)
+    assert same_bits(new_residual, gathered).all() and same_bits(residual, before).all()
+    assert same_bits(normed, rms_norm_reference(gathered, weight, EPS)).all()
+    ref_residual, ref_normed = add_rms_norm_reference(residual, update, weight, EPS, rows=rows)
+    assert same_bits(ref_residual, new_residual).all() and same_bits(ref_normed, normed).all()
+    out = torch.full((len(picked), d), float("nan"), device=DEVICE, dtype=dtype)
+    _, into = add_rms_norm(residual, update, weight, EPS, rows=rows, out=out, backend="triton")
+    assert into.data_ptr() == out.data_ptr() and same_bits(out, normed).all()
+
+
+def test_gathered_rows_are_checked():
+    residual, update, weight = norm_inputs(4, 64, torch.bfloat16)
+    for rows, match in [(torch.tensor([0, 4], device=DEVICE), "index"), (torch.tensor([-1], device=DEVICE), "index"),
+                        (torch.tensor([0], dtype=torch.int32, device=DEVICE), "int64"),
+                        (torch.tensor([[0]], device=DEVICE), "1-D")]:
+        with pytest.raises(ValueError, match=match):
+            add_rms_norm(residual, update, weight, EPS, rows=rows, backend="triton")
+    with pytest.raises(ValueError, match="inplace"):
+        add_rms_norm(residual, update, weight, EPS, rows=torch.tensor([0], device=DEVICE), inplace=True)
+    with pytest.raises(ValueError, match="out must be"):
+        add_rms_norm(residual, update, weight, EPS, rows=torch.tensor([0], device=DEVICE),
+                     out=torch.empty_like(residual))
+
+
 def test_norm_reference_is_the_engine_formula():
     """The reference reproduces engine/model.py's CPU rms_norm bit for bit, and the add is `residual + update`."""
     engine_rms_norm = pytest.importorskip("flash_dllm.engine.model").rms_norm  # absent where only kernels/ ships

@@ -114,6 +114,8 @@ def compile_small_ops(log, capability: int) -> None:
             log.choice = f"add_rms_norm {model} {n_tokens} tokens"
             add_rms_norm_triton(residual, meta(n_tokens, d_model), weight, 1e-6)
             add_rms_norm_triton(residual, None, weight, 1e-6)  # the first layer's norm: no update to add
+            # the final norm, over the 16 window rows the LM head reads
+            add_rms_norm_triton(residual, meta(n_tokens, d_model), weight, 1e-6, rows=meta(16, dtype=torch.int64))
             log.choice = f"silu_mul {model} {n_tokens} tokens"
             silu_mul_triton(meta(n_tokens, 2 * MLP_WIDTH[model]))
 
