@@ -21,6 +21,7 @@ from flash_dllm.engine import (CanvasStart, EngineError, Failed, Finished, Memor
 
 FRAME_S = 0.05  # at most 20 frames a second reach the browser
 IDLE_S = 0.5  # an empty frame when nothing happened for this long (elapsed time and memory keep moving)
+FIRST_STEP_NOTE_S = 3.0  # a GPU run with no step after this long gets a word in the status (see waiting_note)
 
 
 PROMPT_TAIL_CHARS = 60
@@ -125,6 +126,8 @@ class RunView:
         self.memory = MemoryTracker(device)
         self.result = None
         self.error: str | None = None
+        self.started = time.monotonic()
+        self.on_gpu = str(device).startswith("cuda")
         self.memory.start()
 
     def fold(self, batch: list) -> None:
@@ -153,6 +156,16 @@ class RunView:
     @property
     def done(self) -> bool:
         return self.result is not None or self.error is not None
+
+    def waiting_note(self, now: float | None = None) -> str:
+        """What the status adds while a GPU run has no step yet after FIRST_STEP_NOTE_S: the first steps of each
+        decode shape in a process compile the Triton kernels (cached on disk afterwards) and tune them (per
+        process), which can hold the first answer after the app starts for a while; a page should not look hung."""
+        waited = (time.monotonic() if now is None else now) - self.started
+        if not self.on_gpu or self.stats.steps or self.done or waited < FIRST_STEP_NOTE_S:
+            return ""
+        return ("waiting for the first step: the first answers after the app starts also compile and tune the GPU "
+                "kernels")
 
     def canvas_html(self) -> str:
         if self.canvas is None:

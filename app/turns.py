@@ -211,7 +211,9 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
                     if label == "A" and not view.done:
                         preview = view.canvas.answer_preview() if view.canvas else ""
                         live = (preview + " ▍") if preview else "▍"
-                    state = f"Decoding ({label}: {run_settings.method}) · step {view.stats.steps}"
+                    waiting = view.waiting_note()
+                    state = f"Decoding ({label}: {run_settings.method}) · step {view.stats.steps}" + (
+                        f" · {waiting}" if waiting else "")
                     updates = {canvas_key: view.canvas_html(), stats_key: view.stats_html(),
                                "status": note(state)}
                     updates["chatbot"] = chat_messages(shown, ctx.sessions.queued(chat.id), live)

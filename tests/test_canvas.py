@@ -11,7 +11,7 @@ import pytest
 from flash_dllm.app import export as export_mod
 from flash_dllm.app.canvas import Canvas, display_piece
 from flash_dllm.app.export import export_gif, export_html, html_frames
-from flash_dllm.app.live import LiveRun, RunView
+from flash_dllm.app.live import FIRST_STEP_NOTE_S, LiveRun, RunView
 from flash_dllm.engine import (CanvasStart, Engine, Failed, Finished, GenerationSettings, SequenceDone, SettingsError,
                                StepEvent)
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
@@ -196,6 +196,20 @@ def test_slow_steps_are_shown_one_frame_each_and_stop_is_between_steps():
 def tiny_engine(tmp_path_factory):
     folder = write_tiny_model(tmp_path_factory.mktemp("tiny") / "llada", TinySpec("llada"))
     return Engine.load(str(folder), device="cpu")
+
+
+def test_a_gpu_run_without_a_step_says_why_it_waits():
+    """The first steps after the app starts compile and tune the GPU kernels: after a few seconds without a step
+    the status says so, only on a GPU, and never once a step (or the end) has come."""
+    gpu, cpu = RunView("A", {}, "cuda:0"), RunView("A", {}, "cpu")
+    later = gpu.started + FIRST_STEP_NOTE_S + 1
+    assert gpu.waiting_note(gpu.started + 1) == "" and cpu.waiting_note(later) == ""
+    assert "compile and tune" in gpu.waiting_note(later)
+    gpu.stats.steps = 1
+    assert gpu.waiting_note(later) == ""
+    failed = RunView("A", {}, "cuda:0")
+    failed.fold([Failed("out of memory")])
+    assert failed.waiting_note(failed.started + FIRST_STEP_NOTE_S + 1) == ""
 
 
 def test_canvas_folded_from_the_engine_matches_its_answer(tiny_engine):

@@ -31,10 +31,14 @@ def finish(process: subprocess.Popen, within: float) -> tuple[int, str, float]:
 
 def test_ctrl_c_ends_a_process_whose_main_thread_is_stuck_in_c_code():
     # SIGINT blocked in the main thread and a C sleep: no Python handler can run there; the wakeup fd still
-    # tells the deadline thread, which ends the process
+    # tells the deadline thread, which ends the process. The signal may land (on the deadline thread) while the
+    # main thread still runs the bytecode between "ready" and the C call, which would then run the Python
+    # handler: a KeyboardInterrupt there would end the child before the case is set up, so the handler does
+    # nothing (the wakeup fd is written by the C-level handler either way).
     process = spawn("""
         import ctypes, signal
         assert shutdown.watch_interrupts(2.0)
+        signal.signal(signal.SIGINT, lambda *_: None)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         print("ready", flush=True)
         ctypes.CDLL(None).sleep(60)
