@@ -1,7 +1,11 @@
-"""Flash-Cache's tracked positions chosen by a sorted int64 top-k (the previous code) or an unsorted float32 one
-(engine/device_plan.py now), alternating in one process (benchmarks/step_ab.py). Same positions either way.
+"""Two small-kernel changes of 2026-12-07 against the code before them, alternating in one process
+(benchmarks/step_ab.py); the same tokens either way:
+  * Flash-Cache's tracked positions by a sorted int64 top-k (before) or an unsorted float32 one (now);
+  * the final norm after two index_select gathers of the LM head's rows (before) or gathering them itself (now).
+`topk-ab.txt` is this script's first run under its earlier name, topk_ab.py (the top-k alone; cut off after one
+cell by its time limit).
 
-    topk_ab.py ROUNDS [GEOMETRY]      (PYTHONPATH must hold benchmarks/)
+    small_kernels_ab.py ROUNDS [GEOMETRY]      (PYTHONPATH must hold benchmarks/)
 """
 import sys
 
@@ -31,12 +35,28 @@ def int64_tracked(self, canvas, chosen):
     return torch.where(values < far, index, L)
 
 
-def use(fn):
+class GatherThenNorm:
+    """The norm as it ran before: the rows gathered by index_select first."""
+
+    def __init__(self, norm):
+        self.norm = norm
+
+    def __call__(self, residual, update, weight, eps, out=None, inplace=False, rows=None):
+        if rows is not None:
+            residual, update = residual.index_select(0, rows), update.index_select(0, rows)
+        return self.norm(residual, update, weight, eps, out, inplace)
+
+
+def use(tracked, before: bool):
     def apply(engine):
-        device_plan.FlashCache._tracked = fn
+        device_plan.FlashCache._tracked = tracked
+        norm = engine.ops.norm
+        norm = norm.norm if isinstance(norm, GatherThenNorm) else norm
+        engine.ops.norm = GatherThenNorm(norm) if before else norm
     return apply
 
 
 if __name__ == "__main__":
-    run_ab(sys.argv[2] if len(sys.argv) > 2 else "llada-8b", {"int64": use(int64_tracked), "float32": use(FLOAT32)},
-           CELLS, int(sys.argv[1]) if len(sys.argv) > 1 else 2)
+    run_ab(sys.argv[2] if len(sys.argv) > 2 else "llada-8b",
+           {"before": use(int64_tracked, True), "now": use(FLOAT32, False)}, CELLS,
+           int(sys.argv[1]) if len(sys.argv) > 1 else 2)
