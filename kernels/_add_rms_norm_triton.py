@@ -110,10 +110,7 @@ def add_rms_norm_triton(residual, update, weight, eps: float, out=None, inplace:
         new_residual = residual.new_empty((n_rows, d))
     else:
         new_residual = residual if (inplace or update is None) else torch.empty_like(residual)
-    if out is not None:
-        normed = out
-    else:
-        normed = torch.empty_like(residual) if rows is None else new_residual.new_empty((n_rows, d))
+    normed = torch.empty_like(new_residual) if out is None else out
     if n_rows == 0:
         return new_residual, normed
     has_update = update is not None
