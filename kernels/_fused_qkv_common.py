@@ -82,6 +82,7 @@ class FusedQKVCounters:
 
     resolutions: int = 0  # path and config chosen for a (forcing, request, problem key)
     measurements: int = 0  # timed launches (config tuning and auto's path measurement)
+    stored_choices_read: int = 0  # resolutions answered by a choice an earlier process timed (no measurement)
     launchers_built: int = 0  # launchers bound to a problem and buffers (grid, constexprs, descriptors)
     descriptors_built: int = 0  # TMA tensor descriptors
 

@@ -9,7 +9,10 @@ The first call of a problem key (`fused_qkv_problem_key`: device, token bucket, 
 each path the request allows times its candidate configs on that call and keeps the fastest, and auto keeps the
 fastest path (every path is exact to within its rounding, so the choice only moves time; no fixed rule fits the
 H200 numbers in the README's kernel table). Re-running a kernel rewrites the same K/V cache rows with the same
-values, so timing on the real call is harmless. Choices are process-wide.
+values, so timing on the real call is harmless. Choices are process-wide, and timed ones are kept on disk
+(`_tuning_store`): a later process on the same GPU and kernels reads them instead of timing again (an app
+start no longer re-tunes its first answers). Forced candidates or a forced measure keep their choices to
+themselves unless the forcing names a store.
 
 `FusedQKVTriton` is one op's launcher cache: per (x buffer, w_qkv) a launcher bound to its problem (grid,
 constexprs, TMA descriptors, stream-K buffers). A steady call computes two dict keys and launches; it never
@@ -25,6 +28,7 @@ import math
 import os
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -32,11 +36,12 @@ import triton.runtime.errors as triton_errors
 from triton.compiler.errors import CompilationError
 
 from . import gpu_time_ms, interpreting
-from . import _fused_qkv_pointer, _fused_qkv_streamk, _fused_qkv_tma
+from . import _fused_qkv_common, _fused_qkv_pointer, _fused_qkv_streamk, _fused_qkv_tma
 from ._fused_qkv_common import COUNTERS, TMA_HEAD_DIM, FusedQKVCounters, FusedQKVProblem, m_bucket, tma_available
 from ._fused_qkv_pointer import PointerLauncher
 from ._fused_qkv_streamk import StreamKLauncher
 from ._fused_qkv_tma import TMALauncher
+from ._tuning_store import TuningStore, config_payload, device_description, matching_config, source_digest
 
 PATH_ENV = "FLASH_DLLM_FUSED_QKV_PATH"
 PATHS = ("auto", "pointer", "tma", "streamk")
@@ -127,6 +132,7 @@ class FusedQKVForcing:
     streamk_configs: tuple | None = None
     auto_paths: tuple[str, ...] | None = None  # what auto measures (default: fused_qkv_paths)
     measure: Callable | None = None  # measure(fn) -> ms; default gpu_time_ms (none under the interpreter)
+    store: TuningStore | None = None  # where timed choices persist; default: on disk unless anything is forced
 
     def configs(self, path: str) -> tuple | None:
         return {"pointer": self.pointer_configs, "tma": self.tma_configs, "streamk": self.streamk_configs}[path]
@@ -144,7 +150,7 @@ def current_fused_qkv_forcing() -> FusedQKVForcing:
 
 @contextlib.contextmanager
 def forced_fused_qkv(path: str | None = None, *, pointer_configs=None, tma_configs=None, streamk_configs=None,
-                     auto_paths=None, measure: Callable | None = None):
+                     auto_paths=None, measure: Callable | None = None, store: TuningStore | None = None):
     """Inside the block every fused QKV op runs `path` (if given) with these candidate configs (if given);
     the previous forcing is back on exit, an exception's too. Process-wide (not per thread); a nested block
     replaces the outer one whole. Choices made under a forcing serve only an equal forcing, and ops rebind
@@ -154,7 +160,7 @@ def forced_fused_qkv(path: str | None = None, *, pointer_configs=None, tma_confi
         raise ValueError(f"unknown fused QKV kernel path {path!r}; choose one of: {', '.join(PATHS)}")
     as_tuple = (lambda configs: None if configs is None else tuple(configs))
     forcing = FusedQKVForcing(path, as_tuple(pointer_configs), as_tuple(tma_configs), as_tuple(streamk_configs),
-                              as_tuple(auto_paths), measure)
+                              as_tuple(auto_paths), measure, store)
     previous, _forcing = _forcing, forcing
     try:
         yield forcing
@@ -207,13 +213,20 @@ def _fastest(launchers: list, call_args: tuple, measure: Callable) -> tuple[obje
 
 
 def _choose(paths: tuple[str, ...], key: tuple, problem: FusedQKVProblem, call_args: tuple) -> FusedQKVChoice:
-    """Tune each path on the call (call_args: the launch arguments) and keep the fastest path."""
+    """Tune each path on the call (call_args: the launch arguments) and keep the fastest path. A choice timed
+    by an earlier process for the same GPU, kernels, problem and candidates is read back instead."""
     forcing = _forcing
     measure = forcing.measure or (None if interpreting() else gpu_time_ms)
     x, w_qkv = call_args[0], call_args[1]
+    candidates = {path: forcing.configs(path) or _CONFIG_MODULES[path].default_configs(key[1]) for path in paths}
+    store = _store(forcing) if measure is not None else None
+    if store is not None:
+        stored = _stored_choice(store, key, candidates)
+        if stored is not None:
+            COUNTERS.stored_choices_read += 1
+            return stored
     timed = {}
-    for path in paths:
-        configs = forcing.configs(path) or _CONFIG_MODULES[path].default_configs(key[1])
+    for path, configs in candidates.items():
         tuned_key = (path, configs, forcing.measure, key)
         must_time = measure is not None and (len(configs) > 1 or len(paths) > 1)
         entry = _TUNED.get(tuned_key)
@@ -236,7 +249,41 @@ def _choose(paths: tuple[str, ...], key: tuple, problem: FusedQKVProblem, call_a
     fastest = next(iter(timed))
     if not any(math.isnan(ms) for _, ms in timed.values()):
         fastest = min(timed, key=lambda path: timed[path][1])
+        if store is not None:
+            store.save("fused_qkv", _store_key(key, candidates),
+                       {"path": fastest, "config": config_payload(timed[fastest][0]),
+                        "ms": {path: ms for path, (_, ms) in timed.items()}})
     return FusedQKVChoice(fastest, timed[fastest][0])
+
+
+_DEFAULT_STORE: list = []  # the on-disk store, made on first use
+
+
+def _store(forcing: FusedQKVForcing) -> TuningStore | None:
+    """A forcing's own store, else the default one when nothing is forced (forced candidates or a forced
+    measure make choices of their own, which must not serve a later plain process)."""
+    if forcing.store is not None:
+        return forcing.store
+    if forcing != _NOT_FORCED:
+        return None
+    if not _DEFAULT_STORE:
+        _DEFAULT_STORE.append(TuningStore())
+    return _DEFAULT_STORE[0]
+
+
+def _store_key(key: tuple, candidates: dict) -> list[str]:
+    device, *problem = key
+    sources = [str(Path(module.__file__)) for module in (_fused_qkv_common, *_CONFIG_MODULES.values())]
+    return [device_description(device), source_digest(*sources), repr(tuple(problem)),
+            *(f"{path}: {configs!r}" for path, configs in candidates.items())]
+
+
+def _stored_choice(store: TuningStore, key: tuple, candidates: dict) -> FusedQKVChoice | None:
+    stored = store.load("fused_qkv", _store_key(key, candidates))
+    if not stored or stored.get("path") not in candidates or not isinstance(stored.get("config"), dict):
+        return None
+    config = matching_config(stored["config"], candidates[stored["path"]])
+    return None if config is None else FusedQKVChoice(stored["path"], config)
 
 
 class _NoTokens:

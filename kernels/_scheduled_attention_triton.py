@@ -27,6 +27,8 @@ only the tile height, the head dim, which optional inputs are present and ONE_PA
 """
 from __future__ import annotations
 
+import inspect
+
 import triton
 import triton.language as tl
 
@@ -39,6 +41,11 @@ COMBINE_ROWS = tl.constexpr(16)  # output rows one combine program merges ([16, 
 
 # (BLOCK_N, num_warps, num_stages) candidates: 4 warps (one warpgroup) for tiles under 128 rows, 8 above.
 _CUDA_CANDIDATES = {4: [(32, 4, 3), (64, 4, 3), (128, 4, 2)], 8: [(64, 8, 3), (128, 8, 3), (64, 8, 2)]}
+
+
+# Tuned configs kept in Triton's cache directory (keyed by its version, the GPU architecture, the kernel source,
+# the tuning key and the candidates), so a new process does not time them again; triton before 3.3 re-tunes.
+_KEEP_TUNING = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 
 
 def _configs() -> list:
@@ -63,7 +70,7 @@ def _prune_configs(configs, named_args, **kwargs):
 # Tuned once per tile height / head dim / feature set / dtype; the step's lengths are not part of the key.
 # score_out is restored after every trial launch, since the kernel accumulates into it.
 @triton.autotune(configs=_configs(), key=["BLOCK_M", "HEAD_DIM", "HAS_KEEP", "HAS_INQ", "HAS_SCORE", "ONE_PASS"],
-                 prune_configs_by={"early_config_prune": _prune_configs}, restore_value=["score_out_ptr"])
+                 prune_configs_by={"early_config_prune": _prune_configs}, restore_value=["score_out_ptr"], **_KEEP_TUNING)
 @triton.jit(do_not_specialize=["stride_inq", "tile_rows", "group", "n_splits", "n_rows"])
 def _attention_split_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr,
@@ -139,7 +146,7 @@ def _attention_split_kernel(
         tl.store(acc_ws_ptr + ws_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.autotune(configs=_combine_configs(), key=["BLOCK_M", "HEAD_DIM", "N_PARTS"])
+@triton.autotune(configs=_combine_configs(), key=["BLOCK_M", "HEAD_DIM", "N_PARTS"], **_KEEP_TUNING)
 @triton.jit(do_not_specialize=["tile_rows", "n_rows"])
 def _attention_combine_kernel(
     out_ptr, tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr, kv_start_ptr, kv_len_ptr,

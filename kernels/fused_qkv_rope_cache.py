@@ -39,7 +39,7 @@ CHECK_ENV = "FLASH_DLLM_CHECK_KERNELS"  # "1": ops built from then on check thei
 # The selection's public surface, imported from _fused_qkv_select (and triton) on first use.
 _SELECT_EXPORTS = ("PATH_ENV", "PATHS", "KERNEL_PATHS", "FusedQKVChoice", "FusedQKVForcing", "forced_fused_qkv",
                    "current_fused_qkv_forcing", "fused_qkv_choice", "fused_qkv_problem_key", "fused_qkv_counters",
-                   "fused_qkv_paths", "read_path_request", "tma_blocker")
+                   "fused_qkv_paths", "read_path_request", "tma_blocker", "TuningStore")
 
 
 def rope_rotate_half(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
