@@ -5,8 +5,9 @@ serves it alone (`flash-dllm-chat serve`). Each completion is one `Engine.submit
 the engine's thread onto an asyncio queue (the callback only schedules a put) and app/openai_stream.py turns
 them into text. The API never assumes how the engine schedules requests (one at a time or batched).
 
-- One model per process: a request must name the loaded model (its id in /v1/models, or the name it was
-  loaded by); another name gets 404 model_not_found naming the loaded one.
+- One model per process: a request must name the loaded model (its id in /v1/models, the name it was loaded
+  by, or for a bundled model a name the CLI takes for it: `bundled`, `tiny-chat`; `model_names`); another name
+  gets 404 model_not_found naming the loaded one.
 - A request that names no ``method`` gets the loaded model's default (`Engine.default_method`: a block-diffusion
   model's block method); /v1/models entries carry ``family``, ``default_method`` and ``methods`` beside OpenAI's.
 - Every error is OpenAI-shaped (`ApiError`): 400 for the request, 401 for the key, 404/405 for routes and
@@ -33,7 +34,7 @@ from starlette.routing import Route
 
 from flash_dllm.app.api_keys import BearerKey
 from flash_dllm.app.model_settings import methods_for
-from flash_dllm.app.models import Lease, ModelBusy, ModelHost, display_name, history_exchanges
+from flash_dllm.app.models import Lease, ModelBusy, ModelHost, display_name, history_exchanges, model_names
 from flash_dllm.app.openai_request import ApiError, ChatRequest, invalid, param_of, parse_chat_request
 from flash_dllm.app.openai_stream import (KEEP_ALIVE, CommittedPrefix, CompletionMeta, TextStream, chunk,
                                           completion, sse, usage)
@@ -219,9 +220,6 @@ class ChatApi:
         block = engine.model.config.block_size
         return (defaults.with_overrides(method=engine.default_method) if block else defaults), block
 
-    def names(self, name: str) -> set[str]:
-        return {display_name(name), name}
-
     async def models(self, request: Request) -> Response:
         engine, name = self.host.engine, self.host.name
         data = [self.model_object(engine, name)] if engine is not None and name else []
@@ -229,7 +227,7 @@ class ChatApi:
 
     async def model(self, request: Request) -> Response:
         engine, name, asked = self.host.engine, self.host.name, request.path_params["model"]
-        if engine is None or asked not in self.names(name or ""):
+        if engine is None or asked not in model_names(name, engine.folder):
             raise self.not_this_model(asked, name)
         return JSONResponse(self.model_object(engine, name))
 
@@ -243,7 +241,7 @@ class ChatApi:
             lease = self.host.lease()
         except ModelBusy as err:
             raise ApiError(503, str(err), "server_error", None, "model_unavailable", {"Retry-After": "5"}) from None
-        if model not in self.names(lease.name):
+        if model not in model_names(lease.name, lease.engine.folder):
             lease.release()
             raise self.not_this_model(model, lease.name)
         return lease

@@ -218,6 +218,26 @@ def chat_canvas(ctx: AppContext, chat_id, request: gr.Request = None):
             rec_a, rec_b, hidden, hidden)
 
 
+def reopen_chat(ctx: AppContext, remembered, current, request: gr.Request = None):
+    """On page load: a reloaded tab reopens the chat it was in (``remembered``, kept by the browser for the tab)
+    while it still exists for this login, as choosing it would (`open_chat`, then `chat_canvas`: the chats list,
+    chatbot, system prompt, status, then CANVAS_OUTPUTS). A new tab, or a remembered chat since deleted, opens
+    no chat: what is typed there starts a new one rather than feeding an old chat's history into the prompt. A
+    page that chose a chat before this ran (a message sent at once) keeps it."""
+    mine = ctx.for_request(request)
+    ids = [chat.id for chat in mine.store.list()]
+    if resolve_chat_choice(mine, current) is not None or remembered not in ids:
+        return (gr.skip(),) * (4 + len(CANVAS_OUTPUTS))
+    return (gr.update(choices=chat_choices(mine.store), value=remembered), *open_chat(ctx, remembered, request),
+            *chat_canvas(ctx, remembered, request))
+
+
+def delete_button(ctx: AppContext, chat_id, request: gr.Request = None):
+    """Delete in the stop colour and usable only while a chat is chosen (with none it would delete nothing)."""
+    chosen = resolve_chat_choice(ctx.for_request(request), chat_id) is not None
+    return gr.update(interactive=chosen, variant="stop" if chosen else "secondary")
+
+
 def new_chat(ctx: AppContext, system, request: gr.Request = None):
     ctx = ctx.for_request(request)
     empty = next((c for c in ctx.store.list() if not c.messages), None)

@@ -81,7 +81,11 @@ BUNDLED_HISTORY = {"tiny-chat": 3}
 
 
 def bundled_name(model: str | None) -> str:
-    """The bundled model's name when ``model`` (a name or a folder) is a bundled model, else ""."""
+    """The bundled model's name when ``model`` (a name, a folder, or `bundled` as the command line takes it) is a
+    bundled model, else ""."""
+    if model == "bundled":
+        default = hub.bundled_model_path()
+        return default.name if default is not None and default.name in BUNDLED_PURPOSES else ""
     name = Path(model).name if model else ""
     if name not in BUNDLED_PURPOSES:
         return ""
@@ -91,6 +95,21 @@ def bundled_name(model: str | None) -> str:
     bundled = hub.bundled_model_path()
     same = bundled is not None and path.resolve().parent == bundled.resolve().parent
     return name if same else ""  # a folder of the same name elsewhere is another model
+
+
+def model_names(name: str | None, folder: str | Path | None = None) -> set[str]:
+    """The names a client may give the model loaded as ``name`` from ``folder``: the id the API lists
+    (`display_name`) and the name it was loaded by; for a bundled model also the names the command line takes for
+    it (`hub.resolve_model`): its folder's name, its folder, and `bundled` for the default one. So
+    `--model bundled` and an API request for "bundled" mean the same model."""
+    names = {display_name(name)} | ({name} if name else set())
+    bundled = bundled_name(str(folder) if folder else name)
+    if bundled:
+        names |= {bundled} | ({str(folder)} if folder else set())
+        default = hub.bundled_model_path()
+        if default is not None and default.name == bundled:
+            names.add("bundled")
+    return names
 
 
 def model_purpose(model: str | None) -> str:

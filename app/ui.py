@@ -51,9 +51,12 @@ def sidebar(ctx: AppContext, page: SimpleNamespace) -> None:
     with gr.Sidebar(label="Chats and model", open=True, width=300):
         # filled per visitor when the page loads (on_load): behind a login each one sees only their own chats
         page.chats = gr.Dropdown(choices=[], value=None, label="Chats", allow_custom_value=True)
+        page.remembered_chat = gr.Textbox("", visible=False)  # filled in the browser on load (REMEMBERED_CHAT)
         with gr.Row():
             page.new_btn = gr.Button("New chat", size="sm")
-            page.delete_btn = gr.Button("Delete", size="sm", variant="stop")
+            # usable (and red) only while a chat is chosen: `delete_button` follows the Chats value
+            page.delete_btn = gr.Button("Delete", size="sm", variant="secondary", interactive=False,
+                                        elem_id="delete-chat")
         page.rename_box = gr.Textbox(label="Rename chat to", max_lines=1)
         page.rename_btn = gr.Button("Rename", size="sm")
         with gr.Row():
@@ -173,6 +176,16 @@ def wire_canvas(ctx: AppContext, page: SimpleNamespace) -> None:
                         concurrency_limit=2, concurrency_id="export")
 
 
+# Client-side only: the tab keeps the id of the chat it shows (sessionStorage lasts as long as the tab, reloads
+# included), and the page load hands it to `reopen_chat`; titles and empty values are not ids. A browser that
+# refuses storage (an embedding frame) only loses the memory: a reload then opens no chat, as a new tab does.
+CHAT_KEY = "flash-dllm-chat:open-chat"
+REMEMBER_CHAT = (f"(id) => {{ try {{ if (typeof id === 'string' && /^[0-9a-f]{{32}}$/.test(id))"
+                 f" sessionStorage.setItem('{CHAT_KEY}', id); }} catch (e) {{}} }}")
+REMEMBERED_CHAT = (f"(remembered, current) => {{ let id = ''; try {{ id = sessionStorage.getItem('{CHAT_KEY}') || '';"
+                   f" }} catch (e) {{}} return [id, current]; }}")
+
+
 def wire_chats(ctx: AppContext, page: SimpleNamespace) -> None:
     listing = [page.chats, page.chatbot, page.status]
     # after any change of the chosen chat, the canvas column follows it (its own private event, so the public
@@ -180,6 +193,9 @@ def wire_chats(ctx: AppContext, page: SimpleNamespace) -> None:
     canvas = dict(fn=bind(h.chat_canvas, ctx), inputs=page.chats,
                   outputs=[getattr(page, name) for name in h.CANVAS_OUTPUTS], api_visibility="private",
                   queue=False)
+    page.chats.change(None, page.chats, None, js=REMEMBER_CHAT, queue=False, api_visibility="private")
+    page.chats.change(bind(h.delete_button, ctx), page.chats, page.delete_btn, api_name="delete_button",
+                      api_visibility="private", queue=False, show_progress="hidden")
     page.chats.input(bind(h.open_chat, ctx), page.chats, [page.chatbot, page.system, page.status],
                      api_name="open_chat").then(api_name="canvas_after_open", **canvas)
     page.new_btn.click(bind(h.new_chat, ctx), page.system, listing, api_name="new_chat").then(
@@ -251,6 +267,11 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
         wire_settings(ctx, page)
         demo.load(bind(h.on_load, ctx), None, [page.banner, page.chats, page.system_info], api_name="page_load",
                   api_visibility="private")
+        demo.load(bind(h.reopen_chat, ctx), [page.remembered_chat, page.chats],
+                  [page.chats, page.chatbot, page.system, page.status,
+                   *(getattr(page, name) for name in h.CANVAS_OUTPUTS)],
+                  js=REMEMBERED_CHAT, api_name="reopen_chat", api_visibility="private", queue=False,
+                  show_progress="hidden")
         demo.load(api_name="follow_on_page_load", **follow_model_event(ctx, page))
         demo.unload(bind(h.on_unload, ctx))
     demo.queue(default_concurrency_limit=4)

@@ -11,8 +11,8 @@ import pytest
 from api_testing import SubmitSpy, error_of, openai_client, served_api, served_app
 
 from flash_dllm.app.api import ApiConfig
-from flash_dllm.app.models import ModelHost
-from flash_dllm.engine import GenerationSettings
+from flash_dllm.app.models import ModelHost, display_name
+from flash_dllm.engine import Engine, GenerationSettings, hub
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 
 openai = pytest.importorskip("openai")  # the dev extra; an image without it skips these tests
@@ -217,3 +217,49 @@ def test_the_key_is_enforced_when_set(app):
         answer = openai_client(base_url, "sekrit-key").chat.completions.create(
             model=app.model, messages=messages("Hello there"), **SHORT)
         assert answer.choices[0].message.content == solo(app, "Hello there").text
+
+
+@pytest.mark.parametrize("loaded_by", ["folder", "bundled", "tiny-chat"])
+def test_the_bundled_model_answers_to_the_names_the_cli_takes_for_it(loaded_by):
+    """`flash-dllm-chat --model bundled` (or tiny-chat, or no --model: its folder) serves tiny-chat; a client may
+    name it by the id /v1/models lists or by any of those names. /v1/models itself is unchanged, and another
+    model (or the other bundled model's name) still gets model_not_found."""
+    folder = hub.bundled_model_path()
+    assert folder is not None and folder.name == "tiny-chat", "the bundled model is missing from the package"
+    name = str(folder) if loaded_by == "folder" else loaded_by
+    host = ModelHost(Engine.load(name, device="cpu"), name=name)
+    with served_api(host, ApiConfig()) as base_url:
+        listed = httpx.get(base_url + "/models", timeout=30).json()["data"]
+        assert [entry["id"] for entry in listed] == [display_name(name)]
+        assert listed[0]["history_exchanges"] == 3  # tiny-chat's short-history rule, whichever name loaded it
+        for model in (display_name(name), name, "bundled", "tiny-chat", str(folder)):
+            if "/" not in model:  # a folder is no URL segment; the body may name it
+                assert httpx.get(f"{base_url}/models/{model}", timeout=30).json()["id"] == display_name(name)
+            answer = httpx.post(base_url + "/chat/completions", timeout=120,
+                                json={"model": model, "messages": messages("What is 2 + 3?"), "max_tokens": 8})
+            assert answer.status_code == 200, (model, answer.text)
+            assert answer.json()["model"] == display_name(name)
+        for model in ("gpt-4o", "tiny-cpu", "Bundled"):
+            refused = httpx.post(base_url + "/chat/completions", timeout=30,
+                                 json={"model": model, "messages": messages("hi"), "max_tokens": 8})
+            error = error_of(refused)
+            assert (refused.status_code, error["code"], error["param"]) == (404, "model_not_found", "model"), error
+            assert f"'{display_name(name)}'" in error["message"]
+            assert httpx.get(f"{base_url}/models/{model}", timeout=30).status_code == 404
+
+
+def test_bundled_names_only_the_default_bundled_model(app):
+    """`bundled` is tiny-chat's alias: the other bundled model (tiny-cpu) and any other model do not take it;
+    tiny-cpu loaded by its name answers to its folder too, as the CLI (and `flash-dllm-chat models`) names it."""
+    tiny_cpu = hub.bundled_model_path().parent / "tiny-cpu"
+    for host in (ModelHost(Engine.load(str(tiny_cpu), device="cpu"), name=str(tiny_cpu)),
+                 ModelHost(app.engine, name=app.ctx.host.name)):
+        with served_api(host, ApiConfig()) as base_url:
+            refused = httpx.post(base_url + "/chat/completions", timeout=30,
+                                 json={"model": "bundled", "messages": messages("hi"), "max_tokens": 8})
+            assert refused.status_code == 404 and error_of(refused)["code"] == "model_not_found"
+    tiny_cpu_host = ModelHost(Engine.load("tiny-cpu", device="cpu"), name="tiny-cpu")
+    with served_api(tiny_cpu_host, ApiConfig()) as base_url:
+        answer = httpx.post(base_url + "/chat/completions", timeout=120,
+                            json={"model": str(tiny_cpu), "messages": messages("hi"), "max_tokens": 8})
+        assert answer.status_code == 200, answer.text

@@ -1,5 +1,6 @@
 """Issue 20 through the app's API (gradio_client) and its parts: nothing typed is lost, nothing hangs, a shared
-app loads only from its shelf, state that outlives its cause is cleaned up."""
+app loads only from its shelf, state that outlives its cause is cleaned up. Then the page's own events: a page
+load reopens a chat, Delete is usable only while a chat is chosen."""
 from __future__ import annotations
 
 import os
@@ -13,11 +14,13 @@ import torch
 from gradio_client import Client
 
 from flash_dllm.app import handlers
+from flash_dllm.app.canvas import empty_canvas_html
 from flash_dllm.app.chats import ChatStore
 from flash_dllm.app.launch import serve
 from flash_dllm.app.models import LoadOptions, ModelError, ModelHost
 from flash_dllm.app.sessions import Sessions
 from flash_dllm.app.turns import OUTPUTS, AppContext
+from flash_dllm.app.ui import build_ui
 from flash_dllm.engine import Engine
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 from app_testing import free_port  # noqa: E402
@@ -245,3 +248,43 @@ def test_the_canvas_prompt_tail_is_the_users_words(app, client):
     out = named(client.predict(message="tell me about owls please", **SHORT, api_name="/chat"))
     tail = out["canvas_a"].split('class="fd-prompt"', 1)[1].split("</span>", 1)[0]
     assert "owls please" in tail and "start_header_id" not in tail and "eot_id" not in tail
+
+
+def test_a_page_load_reopens_the_remembered_chat_and_nothing_else(tmp_path):
+    """`reopen_chat` (the page's load event, after a reload or in a new tab): the chat the tab remembers, as
+    choosing it shows it (`open_chat`; the canvas column as `chat_canvas` gives it to this new page); a stale or
+    unreadable memory, or none (a new tab), opens no chat, so a first message there starts a new one; a page
+    that has chosen a chat already, or no chats at all, is left as it is."""
+    ctx = AppContext(ModelHost(), ChatStore(tmp_path / "chats"))
+    page = SimpleNamespace(session_hash="reloaded-page")
+    untouched = (handlers.gr.skip(),) * (4 + len(handlers.CANVAS_OUTPUTS))
+    assert handlers.reopen_chat(ctx, "", None, page) == untouched  # no chats: the empty page, as before
+    older = ctx.store.create(system="Be brief.")
+    ctx.store.add_message(older.id, "user", "older question")
+    ctx.store.put_answer(older.id, "older answer")
+    latest = ctx.store.create()
+    ctx.store.add_message(latest.id, "user", "latest question")
+    outputs = handlers.reopen_chat(ctx, older.id, "", page)
+    assert len(outputs) == 4 + len(handlers.CANVAS_OUTPUTS)
+    chats, chatbot, system, status = outputs[:4]
+    assert chats["value"] == older.id and [v for _, v in chats["choices"]] == [latest.id, older.id]
+    assert (chatbot, system, status) == handlers.open_chat(ctx, older.id, page)
+    assert [m["content"] for m in chatbot] == ["older question", "older answer"] and system == "Be brief."
+    canvas = dict(zip(handlers.CANVAS_OUTPUTS, outputs[4:]))
+    assert canvas["canvas_a"] == empty_canvas_html() and canvas["rec_a"] is None  # nothing decoded on this page
+    for remembered in ("", None, "f" * 32, "not an id", "older question"):  # ids only: the tab keeps no titles
+        assert handlers.reopen_chat(ctx, remembered, None, page) == untouched
+    assert "no answer yet" in handlers.reopen_chat(ctx, latest.id, None, page)[3]
+    assert handlers.reopen_chat(ctx, older.id, latest.id, page) == untouched  # the page chose already
+    assert handlers.reopen_chat(ctx, older.id, "latest question", page) == untouched  # chosen, shown by title
+
+
+def test_delete_is_usable_only_while_a_chat_is_chosen(tmp_path):
+    ctx = AppContext(ModelHost(), ChatStore(tmp_path / "chats"))
+    delete = next(block for block in build_ui(ctx).blocks.values() if getattr(block, "elem_id", None) == "delete-chat")
+    assert delete.value == "Delete" and delete.interactive is False and delete.variant != "stop"  # no chat yet
+    chat = ctx.store.create()
+    for nothing in (None, "", "  ", "a title no chat has"):
+        assert handlers.delete_button(ctx, nothing) == handlers.gr.update(interactive=False, variant="secondary")
+    assert handlers.delete_button(ctx, chat.id) == handlers.gr.update(interactive=True, variant="stop")
+    assert handlers.delete_button(ctx, chat.title)["interactive"] is True  # the dropdown may show the title

@@ -1,7 +1,9 @@
 """Issue 20's page items in a real browser (Debian's chromium through Playwright): a message sent while a turn
 decodes is answered and saved, Stop before any token keeps nothing, the canvas follows the chosen chat,
 closing the Chats dropdown changes nothing, a lone surrogate leaves no empty chat, the prompt tail is the
-user's words."""
+user's words. Then: a reload reopens the chat the tab was in (a new tab opens none), a
+message queued when the page reloads is shown and saved in the reopened chat, and Delete is inert while no
+chat is chosen."""
 from __future__ import annotations
 
 import os
@@ -29,6 +31,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 STATUS = "() => (document.querySelector('#status') || {}).textContent || ''"
 FINISHED = f"() => /Done|Stopped|ready for the next|not accepted/.test(({STATUS})())"
+NEW_CHAT = f"() => ({STATUS})().trim() === 'New chat.'"  # the note of New chat (a chat may be titled so)
 
 
 
@@ -91,6 +94,8 @@ def site(tmp_path_factory):
     ctx = AppContext(ModelHost(engine, LoadOptions(device="cpu"), name=str(folder)),
                      ChatStore(tmp_path_factory.mktemp("chats")))
     ctx.host.folder = str(folder)
+    earlier = ctx.store.create()  # a chat from before: every new page opens one (see `page`)
+    ctx.store.add_message(earlier.id, "user", "a chat from an earlier visit")
     demo = serve(ctx, port=free_port())
     playwright = sync_api.sync_playwright().start()
     browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=ARGS)
@@ -113,6 +118,8 @@ def page(site):
     tab.on("pageerror", lambda err: errors.append(str(err)))
     tab.goto(url, wait_until="domcontentloaded")
     tab.get_by_role("textbox", name="Message").wait_for(timeout=30_000)
+    tab.get_by_role("button", name="New chat").click()  # each test starts in a new chat of its own
+    tab.wait_for_function(NEW_CHAT, timeout=30_000)
     tab.get_by_label("llada").check()
     tab.get_by_text("Raw knobs").click()
     for label, number in (("gen length", 64), ("block length", 32)):
@@ -204,3 +211,90 @@ def test_a_lone_surrogate_in_the_page_is_kept_and_leaves_no_empty_chat(site, pag
     page.wait_for_function(FINISHED, timeout=60_000)
     assert any(texts[:1] == ["half \ufffd pair"] for texts in saved_texts(ctx))
     assert {chat.id for chat in ctx.store.list() if not chat.messages} <= before
+
+
+def shown(page) -> dict:
+    """What the page shows of its chat: the chosen chat's title, the messages, the status, the canvas."""
+    return {"chat": page.get_by_label("Chats").input_value(), "users": page.get_by_test_id("user").all_inner_texts(),
+            "bots": page.get_by_test_id("bot").all_inner_texts(), "status": page.evaluate(STATUS),
+            "cells": page.evaluate("() => !!document.querySelector('#canvas-a .fd-cells')"),
+            "stats": page.inner_text("#stats-a")}
+
+
+def reload_and_wait(page, words: str) -> None:
+    page.reload(wait_until="load")
+    page.get_by_role("textbox", name="Message").wait_for(timeout=30_000)
+    page.wait_for_function(f"() => ({STATUS})().includes({words!r})", timeout=30_000)
+
+
+def test_a_reload_reopens_the_chat_the_tab_was_in(site, page):
+    """Reloaded, the tab shows the chat it was in (not the most recently updated one) as choosing it would:
+    its messages, its status, Delete usable, and the canvas as this new page has it (empty: the canvas of an
+    answer belongs to the page that decoded it). A new tab, which was in no chat, opens none (the chats stay
+    listed), so its first message starts a new chat."""
+    ctx, url, browser, _, errors = site
+    send(page, "reload keeps me here")
+    page.wait_for_function(FINISHED, timeout=60_000)
+    chat = next(c for c in ctx.store.list() if [m["content"] for m in c.messages][:1] == ["reload keeps me here"])
+    later = ctx.store.create()
+    ctx.store.add_message(later.id, "user", "a chat updated later")
+    reload_and_wait(page, "Opened “reload keeps me here”")
+    after = shown(page)
+    assert after["chat"] == "reload keeps me here" and after["users"] == ["reload keeps me here"]
+    assert after["bots"] == [chat.messages[1]["content"]]
+    assert not after["cells"] and "Live stats" in after["stats"]
+    assert page.get_by_role("button", name="Delete", exact=True).is_enabled()
+    fresh = browser.new_page(viewport={"width": 1500, "height": 1000})  # a context of its own: a new tab
+    fresh.on("pageerror", lambda err: errors.append(str(err)))
+    try:
+        fresh.goto(url, wait_until="load")
+        fresh.get_by_role("textbox", name="Message").wait_for(timeout=30_000)
+        fresh.wait_for_timeout(1500)  # the load events have run: a reopen would have shown by now
+        opened = shown(fresh)
+        assert not opened["chat"] and opened["users"] == [] and "Opened" not in opened["status"]
+        assert not fresh.get_by_role("button", name="Delete", exact=True).is_enabled()
+    finally:
+        fresh.close()
+        ctx.store.delete(later.id)
+    page.get_by_role("button", name="New chat").click()  # New chat is as it was: an empty chat, kept on reload
+    page.wait_for_function(NEW_CHAT, timeout=30_000)
+    reload_and_wait(page, "Opened “New chat”")
+    assert shown(page)["users"] == []
+
+
+def test_a_message_queued_when_the_page_reloads_is_in_the_reopened_chat(site, page):
+    """Nothing typed is lost across a reload: the reopened chat shows the queued message, which is saved into it
+    as its unanswered question once the turn decoding that chat ends."""
+    ctx, _, _, engine, _ = site
+    engine.release.clear()  # the first turn waits: the second message is surely queued when the page reloads
+    send(page, "asked before the reload")
+    page.wait_for_function("() => /queued|Decoding|▍/.test(document.body.innerText)", timeout=30_000)
+    send(page, "queued at the reload")
+    page.wait_for_function("() => document.body.innerText.includes('queued at the reload')", timeout=30_000)
+    reload_and_wait(page, "Opened “asked before the reload”")
+    assert shown(page)["users"] == ["asked before the reload", "queued at the reload"]
+    engine.release.set()
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(texts[:1] == ["asked before the reload"]
+                                             and texts[-1:] == ["queued at the reload"] for texts in saved_texts(ctx)):
+        time.sleep(0.2)
+    assert any(texts[:1] == ["asked before the reload"] and texts[-1:] == ["queued at the reload"]
+               for texts in saved_texts(ctx))
+    reload_and_wait(page, "no answer yet")
+    assert shown(page)["users"][-1] == "queued at the reload"
+
+
+def test_delete_is_inert_while_no_chat_is_chosen(site, page):
+    delete = page.get_by_role("button", name="Delete", exact=True)
+    page.wait_for_function("() => !!document.querySelector('#delete-chat.stop')", timeout=30_000)
+    assert delete.is_enabled() and "stop" in delete.get_attribute("class")  # the new chat is chosen
+    page.once("dialog", lambda dialog: dialog.accept())
+    delete.click()
+    page.wait_for_function(f"() => /Deleted/.test(({STATUS})())", timeout=30_000)
+    page.wait_for_function("() => !document.querySelector('#delete-chat.stop')", timeout=30_000)
+    assert not delete.is_enabled() and "stop" not in delete.get_attribute("class")
+    assert page.get_by_label("Chats").input_value() == ""
+    page.get_by_role("button", name="New chat").click()
+    page.wait_for_function(NEW_CHAT, timeout=30_000)
+    page.wait_for_function("() => !!document.querySelector('#delete-chat.stop')", timeout=30_000)
+    assert delete.is_enabled()

@@ -70,6 +70,9 @@ def test_the_page_handlers_scope_chats_by_the_requests_login(tmp_path):
     assert store.get(ann_chat).title == "ann's plans"
     _, _, status = handlers.open_chat(ctx, ann_chat, ann)
     assert "Opened" in status
+    # a page load reopens only a chat of the login's own (a tab shared by two logins remembers ann's chat)
+    assert handlers.reopen_chat(ctx, ann_chat, "", bob) == (handlers.gr.skip(),) * (4 + len(handlers.CANVAS_OUTPUTS))
+    assert handlers.reopen_chat(ctx, ann_chat, "", ann)[0]["value"] == ann_chat
 
 
 @pytest.fixture(scope="module")
