@@ -158,14 +158,15 @@ class RunView:
         return self.result is not None or self.error is not None
 
     def waiting_note(self, now: float | None = None) -> str:
-        """What the status adds while a GPU run has no step yet after FIRST_STEP_NOTE_S: the first steps of each
-        decode shape in a process compile the Triton kernels (cached on disk afterwards) and tune them (per
-        process), which can hold the first answer after the app starts for a while; a page should not look hung."""
+        """What the status adds while a GPU run has no step yet after FIRST_STEP_NOTE_S: the first steps of a
+        decode shape new to this machine compile the Triton kernels and tune them (both kept on disk afterwards;
+        about a minute on an H100 for a first chat), and a later start still loads them and captures its steps;
+        a page should not look hung meanwhile."""
         waited = (time.monotonic() if now is None else now) - self.started
         if not self.on_gpu or self.stats.steps or self.done or waited < FIRST_STEP_NOTE_S:
             return ""
-        return ("waiting for the first step: the first answers after the app starts also compile and tune the GPU "
-                "kernels")
+        return ("waiting for the first step: answers of a new shape first compile and tune the GPU kernels (once; "
+                "kept on disk)")
 
     def canvas_html(self) -> str:
         if self.canvas is None:
