@@ -256,7 +256,9 @@ def _choose(paths: tuple[str, ...], key: tuple, problem: FusedQKVProblem, call_a
     return FusedQKVChoice(fastest, timed[fastest][0])
 
 
-_DEFAULT_STORE: list = []  # the on-disk store, made on first use
+@functools.lru_cache(maxsize=1)
+def _default_store() -> TuningStore:
+    return TuningStore()  # Triton's cache directory as it is on first use
 
 
 def _store(forcing: FusedQKVForcing) -> TuningStore | None:
@@ -264,11 +266,7 @@ def _store(forcing: FusedQKVForcing) -> TuningStore | None:
     measure make choices of their own, which must not serve a later plain process)."""
     if forcing.store is not None:
         return forcing.store
-    if forcing != _NOT_FORCED:
-        return None
-    if not _DEFAULT_STORE:
-        _DEFAULT_STORE.append(TuningStore())
-    return _DEFAULT_STORE[0]
+    return _default_store() if forcing == _NOT_FORCED else None
 
 
 def _store_key(key: tuple, candidates: dict) -> list[str]:
