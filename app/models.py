@@ -106,8 +106,7 @@ def model_names(name: str | None, folder: str | Path | None = None) -> set[str]:
     bundled = bundled_name(str(folder) if folder else name)
     if bundled:
         names |= {bundled} | ({str(folder)} if folder else set())
-        default = hub.bundled_model_path()
-        if default is not None and default.name == bundled:
+        if bundled_name("bundled") == bundled:  # the default bundled model
             names.add("bundled")
     return names
 

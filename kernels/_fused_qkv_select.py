@@ -28,7 +28,6 @@ import math
 import os
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -41,7 +40,7 @@ from ._fused_qkv_common import COUNTERS, TMA_HEAD_DIM, FusedQKVCounters, FusedQK
 from ._fused_qkv_pointer import PointerLauncher
 from ._fused_qkv_streamk import StreamKLauncher
 from ._fused_qkv_tma import TMALauncher
-from ._tuning_store import TuningStore, config_payload, device_description, matching_config, source_digest
+from ._tuning_store import TuningStore, device_description, matching_config, source_digest
 
 PATH_ENV = "FLASH_DLLM_FUSED_QKV_PATH"
 PATHS = ("auto", "pointer", "tma", "streamk")
@@ -251,7 +250,7 @@ def _choose(paths: tuple[str, ...], key: tuple, problem: FusedQKVProblem, call_a
         fastest = min(timed, key=lambda path: timed[path][1])
         if store is not None:
             store.save("fused_qkv", _store_key(key, candidates),
-                       {"path": fastest, "config": config_payload(timed[fastest][0]),
+                       {"path": fastest, "config": dataclasses.asdict(timed[fastest][0]),
                         "ms": {path: ms for path, (_, ms) in timed.items()}})
     return FusedQKVChoice(fastest, timed[fastest][0])
 
@@ -271,7 +270,7 @@ def _store(forcing: FusedQKVForcing) -> TuningStore | None:
 
 def _store_key(key: tuple, candidates: dict) -> list[str]:
     device, *problem = key
-    sources = [str(Path(module.__file__)) for module in (_fused_qkv_common, *_CONFIG_MODULES.values())]
+    sources = [module.__file__ for module in (_fused_qkv_common, *_CONFIG_MODULES.values())]
     return [device_description(device), source_digest(*sources), repr(tuple(problem)),
             *(f"{path}: {configs!r}" for path, configs in candidates.items())]
 

@@ -19,18 +19,16 @@ import tempfile
 from pathlib import Path
 
 import torch
+import triton
 
 FORMAT = "flash-dllm-tuning-1"
 SUBDIR = "flash_dllm_tuning"
 
 
 def default_directory() -> Path:
-    try:
-        import triton
-
-        base = triton.knobs.cache.dir
-    except Exception:  # older triton without knobs
-        base = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    knobs = getattr(triton, "knobs", None)  # triton before 3.4 has none: its cache directory by the same rule
+    base = knobs.cache.dir if knobs is not None else (
+        os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache"))
     return Path(base) / SUBDIR
 
 
@@ -60,7 +58,7 @@ class TuningStore:
         self.directory = Path(directory) if directory is not None else default_directory()
 
     def _file(self, name: str, key_parts: list[str]) -> Path:
-        parts = [FORMAT, torch.__version__, _triton_version(), *key_parts]
+        parts = [FORMAT, torch.__version__, triton.__version__, *key_parts]
         digest = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
         return self.directory / f"{name}-{digest[:32]}.json"
 
@@ -75,7 +73,7 @@ class TuningStore:
     def save(self, name: str, key_parts: list[str], payload: dict) -> None:
         """Written whole or not at all (a temporary file renamed over the old one); a directory that cannot be
         written (read-only home, full disk) only costs the next process its tuning."""
-        path = self._file(name, key_parts)
+        path, tmp = self._file(name, key_parts), None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
@@ -83,11 +81,8 @@ class TuningStore:
                 json.dump(payload, handle)
             os.replace(tmp, path)
         except OSError:
-            return
-
-
-def config_payload(config) -> dict:
-    return dataclasses.asdict(config)
+            if tmp is not None:  # a full disk: leave no half-written file behind
+                Path(tmp).unlink(missing_ok=True)
 
 
 def matching_config(stored: dict, candidates: tuple):
@@ -97,11 +92,3 @@ def matching_config(stored: dict, candidates: tuple):
             return candidate
     return None
 
-
-def _triton_version() -> str:
-    try:
-        import triton
-
-        return triton.__version__
-    except Exception:  # pragma: no cover - triton missing
-        return "none"
