@@ -19,7 +19,7 @@ for stage in $stages; do
                     2>&1 | tail -25 | tee "$out/decode-tests.log" ;;
     kernel-tests) timeout 400 python3 -m pytest -q -p no:cacheprovider --noconftest "${workers[@]}" \
                     tests/test_kernel_small_ops.py tests/test_kernel_scheduled_attention.py \
-                    tests/test_kernel_fused_qkv_rope_cache.py tests/test_kernel_moe_experts.py \
+                    tests/test_kernel_fused_qkv_rope_cache.py tests/test_kernel_moe_experts.py tests/test_kernel_split_k_linear.py \
                     -k "${KERNEL_TESTS:-graph or capture or cuda or full}" \
                     2>&1 | tail -30 | tee "$out/kernel-tests.log"
                   timeout 120 python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_kernel_canvas_commit.py \

@@ -15,6 +15,7 @@ if python3 -c "import xdist" 2>/dev/null; then workers=(-n 8); fi
 status=0
 python3 -m pytest -q --noconftest -p no:cacheprovider "${workers[@]}" \
     tests/test_kernel_fused_qkv_rope_cache.py tests/test_kernel_scheduled_attention.py tests/test_kernel_moe_experts.py \
+    tests/test_kernel_split_k_linear.py tests/test_kernel_small_ops.py \
     2>&1 | tee "$out/kernel-tests.log" || status=$?
 
 TRITON_PRINT_AUTOTUNING=1 python3 benchmarks/bench_kernels.py --csv "$out/kernels-h200.csv" 2>&1 | tee "$out/bench.log"

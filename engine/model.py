@@ -22,6 +22,7 @@ from flash_dllm.kernels.add_rms_norm import AddRMSNorm
 from flash_dllm.kernels.fused_qkv_rope_cache import FusedQKVRopeCache
 from flash_dllm.kernels.moe_experts import MoEExperts
 from flash_dllm.kernels.silu_mul import SiluMul
+from flash_dllm.kernels.split_k_linear import SkinnyLinear
 from flash_dllm.kernels.scheduled_attention import AttentionPlan, ScheduledAttention
 
 
@@ -198,12 +199,15 @@ class KernelOps:
     silu_mul: SiluMul
     # (x, topk_ids, topk_weights, w_gate_up, w_down) -> [T, D]: the routed experts of MoE families
     moe_experts: MoEExperts
+    # the output and down projections, whose result only the next norm reads: cuBLAS's [M, D] or split-K
+    # partials [S, M, D] that the norm sums, whichever was faster for the problem (kernels/split_k_linear.py)
+    into_norm: SkinnyLinear
 
 
 def bind_kernels(config: ModelConfig, backend: str) -> KernelOps:
     return KernelOps(backend, FusedQKVRopeCache(backend, config.n_heads, config.n_kv_heads),
                      ScheduledAttention(backend, config.n_heads, config.n_kv_heads, config.head_dim),
-                     AddRMSNorm(backend), SiluMul(backend), MoEExperts(backend))
+                     AddRMSNorm(backend), SiluMul(backend), MoEExperts(backend), SkinnyLinear(backend))
 
 
 # Flash-dLLM's official code ranks tracked tokens by the window's attention logits summed over the layers after
@@ -242,10 +246,10 @@ def forward_cached(
                               step.write_rows, k_cache[index], v_cache[index])
         attn = ops.attention(q, k_cache[index], v_cache[index], step.plan,
                              score_out if index >= first_scored else None)
-        h, x = ops.norm(h, F.linear(attn, layer.w_o), layer.ffn_norm, eps, inplace=True)
+        h, x = ops.norm(h, ops.into_norm(attn, layer.w_o), layer.ffn_norm, eps, inplace=True)
         if layer.moe is not None:
             update = mlp(x, layer, cfg, ops.moe_experts)
         else:
-            update = F.linear(ops.silu_mul(F.linear(x, layer.w_gate_up)), layer.w_down)
+            update = ops.into_norm(ops.silu_mul(F.linear(x, layer.w_gate_up)), layer.w_down)
     rows = step.hidden_rows
     return ops.norm(h, update, model.final_norm, eps, rows=rows)[1]  # gathers the rows the head reads

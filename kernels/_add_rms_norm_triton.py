@@ -46,8 +46,9 @@ def round_to_storage(x, dtype: tl.constexpr, ROUND_BF16_BY_BITS: tl.constexpr):
 @triton.jit(do_not_specialize=["n_rows"])  # the step's token count changes every call; one compile serves all
 def _add_rms_norm_kernel(
     residual_ptr, update_ptr, weight_ptr, new_residual_ptr, normed_ptr, rows_ptr,
-    n_rows, stride_residual, stride_update, stride_new_residual, stride_normed, inv_d, eps,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, HAS_UPDATE: tl.constexpr, HAS_ROWS: tl.constexpr,
+    n_rows, stride_residual, stride_update, stride_part, stride_new_residual, stride_normed, inv_d, eps,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, HAS_UPDATE: tl.constexpr, PARTS: tl.constexpr,
+    HAS_ROWS: tl.constexpr,
     MEAN_TIMES_RECIPROCAL: tl.constexpr, ROUND_BF16_BY_BITS: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # output rows
@@ -61,6 +62,11 @@ def _add_rms_norm_kernel(
     x = tl.load(residual_ptr + source64 * stride_residual + cols[None, :], mask=in_bounds, other=0.0)
     if HAS_UPDATE:
         u = tl.load(update_ptr + source64 * stride_update + cols[None, :], mask=in_bounds, other=0.0)
+        if PARTS > 0:  # fp32 split-K partials: summed in order, rounded once as the projection's output would be
+            for part in tl.static_range(1, PARTS):
+                u += tl.load(update_ptr + tl.cast(stride_part, tl.int64) * part + source64 * stride_update + cols[None, :],
+                             mask=in_bounds, other=0.0)
+            u = round_to_storage(u, new_residual_ptr.dtype.element_ty, ROUND_BF16_BY_BITS)
         new_residual = round_to_storage(x.to(tl.float32) + u.to(tl.float32), new_residual_ptr.dtype.element_ty,
                                         ROUND_BF16_BY_BITS)
         tl.store(new_residual_ptr + rows64 * stride_new_residual + cols[None, :], new_residual, mask=in_bounds)
@@ -115,10 +121,14 @@ def add_rms_norm_triton(residual, update, weight, eps: float, out=None, inplace:
         return new_residual, normed
     has_update = update is not None
     update = update if has_update else residual  # never read
+    parts = update.shape[0] if update.dim() == 3 else 0
+    stride_part = update.stride(0) if parts else 0
+    stride_update = update.stride(-2)
     _add_rms_norm_kernel[(triton.cdiv(n_rows, launch.rows_per_program),)](
         residual, update, weight, new_residual, normed, rows if rows is not None else residual,
-        n_rows, residual.stride(0), update.stride(0), new_residual.stride(0), normed.stride(0), launch.inv_d, eps,
-        D=d, BLOCK_D=launch.block_d, ROWS=launch.rows_per_program, HAS_UPDATE=has_update,
+        n_rows, residual.stride(0), stride_update, stride_part, new_residual.stride(0), normed.stride(0),
+        launch.inv_d, eps, D=d, BLOCK_D=launch.block_d, ROWS=launch.rows_per_program, HAS_UPDATE=has_update,
+        PARTS=parts,
         HAS_ROWS=rows is not None,
         MEAN_TIMES_RECIPROCAL=not _INTERPRETED, ROUND_BF16_BY_BITS=_INTERPRETED,
         num_warps=launch.num_warps, enable_fp_fusion=False,

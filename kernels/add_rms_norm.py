@@ -2,7 +2,9 @@
 
 Contract (shared by the reference and the Triton kernel):
     residual  [N, D]  the hidden stream h (bf16/fp16/fp32), last dimension contiguous
-    update    [N, D] in residual's dtype, or None (then the op is a plain RMSNorm of residual)
+    update    [N, D] in residual's dtype, or None (then the op is a plain RMSNorm of residual), or [P, N, D]
+              float32 partial sums (a split-K projection's parts, see split_k_linear.py): the update is then
+              their sum in order p = 0..P-1 in fp32, rounded once to residual's dtype (as a GEMM's output is)
     weight    [D]     the norm's gain, any float dtype (read as fp32)
     eps       float
 Returns (new_residual, normed), both [N, D] in residual's dtype:
@@ -28,6 +30,7 @@ import torch
 
 from . import bind_backend
 
+MAX_PARTS = 16  # split-K partials the kernel sums (an unrolled loop)
 MAX_TRITON_WIDTH = 8192  # one program holds whole rows in registers; wider rows would spill
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -37,6 +40,14 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (xf * weight.float()).to(x.dtype)
+
+
+def sum_parts_reference(parts: torch.Tensor) -> torch.Tensor:
+    """parts[0] + parts[1] + ... in that order, in fp32 (the kernel's order)."""
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total += part
+    return total
 
 
 def add_rms_norm_reference(
@@ -50,6 +61,8 @@ def add_rms_norm_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The unfused torch sequence: the rows gathered (if asked), `residual + update` (or `add_`), then the
     RMSNorm formula."""
+    if update is not None and update.dim() == 3:
+        update = sum_parts_reference(update).to(residual.dtype)
     if rows is not None:
         residual = residual.index_select(0, rows)
         update = update.index_select(0, rows) if update is not None else None
@@ -74,8 +87,13 @@ def check_add_rms_norm_inputs(residual, update, weight, out, backend: str, inpla
     n, d = residual.shape
     if residual.stride(1) != 1:
         raise ValueError("residual must be contiguous in its last dimension")
-    if update is not None and (update.shape != residual.shape or update.dtype != residual.dtype
-                               or update.stride(1) != 1):
+    if update is not None and update.dim() == 3:
+        if (update.shape[1:] != residual.shape or update.dtype != torch.float32 or update.stride(2) != 1
+                or not 1 <= update.shape[0] <= MAX_PARTS):
+            raise ValueError(f"update parts must be [P, {n}, {d}] float32 with 1 <= P <= {MAX_PARTS}, last "
+                             f"dimension contiguous, got {tuple(update.shape)} {update.dtype}")
+    elif update is not None and (update.shape != residual.shape or update.dtype != residual.dtype
+                                 or update.stride(1) != 1):
         raise ValueError("update must match residual's shape and dtype, last dimension contiguous")
     if weight.shape != (d,) or not weight.is_floating_point():
         raise ValueError(f"weight must be a float [{d}] vector, got {tuple(weight.shape)} {weight.dtype}")

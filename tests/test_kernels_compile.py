@@ -28,7 +28,8 @@ SM_COUNT = {90: 132, 86: 82}  # what the split-KV and stream-K schedules size th
 TOKEN_COUNTS = (128, 4096)
 MLP_WIDTH = {"llada-8b": 12288, "dream-7b": 18944}  # intermediate_size of each model's config.json
 FAMILIES = ("fused_qkv", "scheduled_attention", "add_rms_norm", "silu_mul", "canvas_commit",
-            "threshold_select", "greedy_predict")
+            "threshold_select", "greedy_predict", "split_k_linear")
+SPLIT_K_ROWS = (48, 128)  # a verify pass, a flash-cache step: the projections the selector may run split-K
 
 
 def meta(*shape, dtype=torch.bfloat16) -> torch.Tensor:
@@ -116,6 +117,10 @@ def compile_small_ops(log, capability: int) -> None:
             add_rms_norm_triton(residual, None, weight, 1e-6)  # the first layer's norm: no update to add
             # the final norm, over the 16 window rows the LM head reads
             add_rms_norm_triton(residual, meta(n_tokens, d_model), weight, 1e-6, rows=meta(16, dtype=torch.int64))
+            # a split-K projection's partials as the update, in place and into the final norm's rows
+            parts = meta(2, n_tokens, d_model, dtype=torch.float32)
+            add_rms_norm_triton(residual, parts, weight, 1e-6, None, True)
+            add_rms_norm_triton(residual, parts, weight, 1e-6, rows=meta(16, dtype=torch.int64))
             log.choice = f"silu_mul {model} {n_tokens} tokens"
             silu_mul_triton(meta(n_tokens, 2 * MLP_WIDTH[model]))
 
@@ -144,6 +149,20 @@ def compile_step_kernels(log, capability: int) -> None:
             greedy_predict_triton(meta(16 * S, 126464), 126336, _ints(16 * S))
 
 
+def compile_split_k_linear(log, capability: int) -> None:
+    """Every config the projection selector would time, for the output and down projections; TMA weight loads
+    on sm_90, pointer loads below (the selector reads weights through pointers where TMA is missing)."""
+    from flash_dllm.kernels._split_k_linear_triton import SplitKLauncher, default_configs
+
+    for model, (_, _, _, d_model, _, _) in MODELS.items():
+        for rows in SPLIT_K_ROWS:
+            log.choice = f"split_k_linear {model} {rows} rows"
+            for d_in in (d_model, MLP_WIDTH[model]):
+                x, weight = meta(rows, d_in), meta(d_model, d_in)
+                for config in default_configs(rows, tma=capability >= 90):
+                    SplitKLauncher(config, x, weight)(x, weight)
+
+
 def _ints(*shape):
     return meta(*shape, dtype=torch.int64)
 
@@ -162,6 +181,7 @@ def compile_for_gpu(capability: int):
         compile_scheduled_attention(log, capability)
         compile_small_ops(log, capability)
         compile_step_kernels(log, capability)
+        compile_split_k_linear(log, capability)
     return log
 
 

@@ -59,3 +59,25 @@ def test_attention_tile_rows_widen_only_for_many_full_budgets():
     assert attention_tile_rows(Layout.uniform(7, 128)) == ATTENTION_BLOCK_M
     assert attention_tile_rows(Layout.uniform(8, 48)) == ATTENTION_BLOCK_M  # a verify pass's rows would pad it
     assert attention_tile_rows(Layout((0, 1, 2, 3, 4, 5, 6, 7), (128,) * 7 + (64,))) == ATTENTION_BLOCK_M
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_split_k_projections_give_the_same_tokens(tmp_path, family):
+    """The output and down projections as split-K partials summed by the norm (what the selector may pick on a
+    GPU) decode the same tokens as the torch path; the forced config covers every forward's rows in 16-row
+    tiles, prompt forwards included."""
+    from flash_dllm.kernels._split_k_select import COUNTERS, forced_skinny_linear
+    from flash_dllm.kernels._split_k_linear_triton import SplitKConfig
+
+    folder = write_tiny_model(tmp_path, TinySpec(family=family, n_kv_heads=2 if family == "dream" else 4))
+    model = load_model(folder)
+    tokenizer = load_tokenizer(folder, model.config)
+    prompts = ["What is 12*7?", "hi"]
+    settings = GenerationSettings(method="flash-cache", gen_length=16, block_length=8, window=8, lookahead=4,
+                                  track=4, threshold=0.6)
+    expected = Engine(model, tokenizer, "tiny", folder, "torch").generate(prompts, settings)
+    resolutions = COUNTERS.resolutions
+    with forced_skinny_linear(SplitKConfig(16, 16, 16, 3, 2, 4, True)):
+        got = Engine(model, tokenizer, "tiny", folder, "triton").generate(prompts, settings)
+    assert COUNTERS.resolutions > resolutions  # the projections did go through the split-K op
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
