@@ -23,7 +23,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 import triton.runtime.errors as triton_errors
-from triton.compiler.errors import CompilationError
 
 from . import gpu_time_ms, interpreting
 from . import _add_rms_norm_triton, _split_k_linear_triton
@@ -180,8 +179,10 @@ def _choose(key: tuple, x: torch.Tensor, weight: torch.Tensor, request: str):
             times[candidate] = measure(_with_norm(launcher, x, weight))
         except _DOES_NOT_FIT:
             continue
-        except (CompilationError, RuntimeError) as exc:
-            warnings.warn(f"split-K linear config {candidate} failed: {exc}")
+        except Exception as exc:  # noqa: BLE001 - any failure of an optional kernel leaves cuBLAS to do the work
+            if candidate == CUBLAS:
+                raise
+            warnings.warn(f"split-K linear config {candidate} failed ({type(exc).__name__}: {exc}); not used")
             continue
     best = min(times, key=times.get) if times else CUBLAS
     if store is not None and times:

@@ -263,3 +263,22 @@ def test_projection_request_is_read_once_and_checked(monkeypatch):
     monkeypatch.setenv(select.REQUEST_ENV, "splitk")
     with pytest.raises(ValueError, match="FLASH_DLLM_PROJECTIONS"):
         SkinnyLinear("triton")
+
+
+def test_a_config_that_fails_to_run_is_skipped_with_a_warning(monkeypatch):
+    """Whatever a config raises while it is tried (a compiler or driver error of a GPU we never saw), the
+    selector goes on without it: the projection still runs, through cuBLAS here."""
+    x, w = inputs(16, 64, 128, torch.bfloat16, seed=12)
+    broken = SplitKConfig(16, 32, 32, 2, 2, 4, False)
+
+    class Failing(select.SplitKLauncher):
+        def __call__(self, x, weight, out=None):
+            raise AssertionError("descriptor rejected")
+
+    monkeypatch.setattr(select, "SplitKLauncher", Failing)
+    op = SkinnyLinear("triton")
+    with pytest.warns(UserWarning, match="descriptor rejected"):
+        with select.forced_skinny_linear(candidates=(select.CUBLAS, broken), measure=lambda fn: fn() or 1.0):
+            out = op(x, w)
+            assert op.bound_choice(x, w) == select.CUBLAS
+    assert same_bits(out, F.linear(x, w))
