@@ -12,11 +12,16 @@ scheduled_attention on a ragged batch of 32 (one 4096-token prefill over 4096 ke
 128 queries over 1000..4096 keys): the one-launch kernel vs SDPA on queries/keys padded to the maximum
 (with a key-padding mask) and vs a loop of per-sequence SDPA calls.
 
+The output and down projections at a decode step's row counts (32, 48, 128): cuBLAS followed by add+RMSNorm
+against the projection op the engine runs (kernels/split_k_linear.py: the selector's choice, cuBLAS or split-K
+partials that the norm sums) followed by the same norm, and each against the weight's streaming floor.
+
 Timing: triton.testing.do_bench medians ("eager": one call per sample, L2 flushed before each, so a call
 whose Python/launch cost exceeds the flush shows that cost too) and CUDA graph replays of a loop over
 rotating input copies ("graph": no launch gaps, weights never L2-resident). host_us is the CPU time to
 issue one call, measured with the GPU queue absorbing the work.
-Usage: flash-dllm-chat bench kernels [--csv PATH] [--tokens N ...] [--ops fused attention]  (needs CUDA)
+Usage: flash-dllm-chat bench kernels [--csv PATH] [--tokens N ...] [--ops fused attention projections]
+(needs CUDA)
 """
 from __future__ import annotations
 
@@ -37,12 +42,16 @@ from triton.testing import do_bench, do_bench_cudagraph
 from flash_dllm.kernels.fused_qkv_rope_cache import (KERNEL_PATHS, FusedQKVRopeCache, forced_fused_qkv,
                                                      fused_qkv_rope_cache, fused_qkv_rope_cache_reference,
                                                      read_path_request)
+from flash_dllm.kernels.add_rms_norm import AddRMSNorm
 from flash_dllm.kernels.scheduled_attention import ScheduledAttention, build_plan, scheduled_attention
+from flash_dllm.kernels.split_k_linear import SkinnyLinear
 
 MODELS = {  # n_heads, n_kv_heads, head_dim, d_model, bias, rope theta
     "llada-8b": (32, 32, 128, 4096, False, 5e5),
     "dream-7b": (28, 4, 128, 3584, True, 1e6),
 }
+MLP_WIDTH = {"llada-8b": 12288, "dream-7b": 18944}
+PROJECTION_ROWS = (32, 48, 128)  # fast-dllm's block, Flash-Verify's verify pass, a flash-cache step
 DTYPE = torch.bfloat16
 SLOT = 4096 + 128  # cache rows per sequence slot
 ROWS: list[dict] = []
@@ -245,11 +254,39 @@ def bench_attention(model: str) -> None:
     record("scheduled_attention", model, shape, "per_sequence_sdpa_loop", t_loop, tflops=flops / t_loop / 1e9)
 
 
+def bench_projections(model: str, copy_gbs: float, l2_bytes: int, device: str = "cuda", timer=None) -> None:
+    """timer(fn, copies) -> ms per call (default: graph_ms); device and timer are there for the CPU test."""
+    timer = timer or graph_ms
+    d_model = MODELS[model][3]
+    op, norm = SkinnyLinear("triton"), AddRMSNorm("triton")
+    for name, d_in in (("o", d_model), ("down", MLP_WIDTH[model])):
+        weight_bytes = d_model * d_in * 2
+        copies = min(16, max(2, math.ceil(4 * l2_bytes / weight_bytes)))
+        weights = [torch.randn(d_model, d_in, device=device, dtype=DTYPE) / d_in ** 0.5 for _ in range(copies)]
+        gain = torch.ones(d_model, device=device, dtype=DTYPE)
+        floor_ms = weight_bytes / copy_gbs / 1e6
+        for rows in PROJECTION_ROWS:
+            x = torch.randn(rows, d_in, device=device, dtype=DTYPE)
+            h = torch.zeros(rows, d_model, device=device, dtype=DTYPE)
+            normed = torch.empty_like(h)
+            shape = f"{name} N={rows} D_in={d_in} D_out={d_model}"
+            print(f"\nprojection {model} {shape} (weights rotate over {copies} copies)", flush=True)
+            for w in weights:
+                op(x, w)  # binds each weight (and, for the first, tunes the problem) before anything is timed
+            choice = op.bound_choice(x, weights[0])
+            t_cublas = timer(lambda i: norm(h, F.linear(x, weights[i]), gain, 1e-6, normed, True), copies)
+            t_op = timer(lambda i: norm(h, op(x, weights[i]), gain, 1e-6, normed, True), copies)
+            record("projection_into_norm", model, shape, "cublas+norm[graph]", t_cublas, x_floor=t_cublas / floor_ms)
+            record("projection_into_norm", model, shape, "engine+norm[graph]", t_op, x_floor=t_op / floor_ms,
+                   vs_cublas=t_op / t_cublas, config=str(choice).replace(",", ";"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="flash-dllm-chat bench kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--csv", help="write all measurements here")
     parser.add_argument("--tokens", type=int, nargs="+", default=[128, 1024, 4096])
-    parser.add_argument("--ops", nargs="+", choices=("fused", "attention"), default=["fused", "attention"])
+    parser.add_argument("--ops", nargs="+", choices=("fused", "attention", "projections"),
+                        default=["fused", "attention", "projections"])
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("error: bench kernels needs a CUDA GPU (and TRITON_INTERPRET unset)", file=sys.stderr)
@@ -266,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         cases += [(bench_fused, (model, n, copy_gbs, props.L2_cache_size)) for model in MODELS for n in args.tokens]
     if "attention" in args.ops:
         cases += [(bench_attention, (model,)) for model in MODELS]
+    if "projections" in args.ops:
+        cases += [(bench_projections, (model, copy_gbs, props.L2_cache_size)) for model in MODELS]
     failed = 0
     for bench, case in cases:
         try:
