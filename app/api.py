@@ -7,7 +7,8 @@ them into text. The API never assumes how the engine schedules requests (one at 
 
 - One model per process: a request must name the loaded model (its id in /v1/models, the name it was loaded
   by, or for a bundled model a name the CLI takes for it: `bundled`, `tiny-chat`; `model_names`); another name
-  gets 404 model_not_found naming the loaded one.
+  gets 404 model_not_found naming the loaded one. A bundled model's id is its own name (`tiny-chat`) whichever
+  of those loaded it (`model_id`).
 - A request that names no ``method`` gets the loaded model's default (`Engine.default_method`: a block-diffusion
   model's block method); /v1/models entries carry ``family``, ``default_method`` and ``methods`` beside OpenAI's.
 - Every error is OpenAI-shaped (`ApiError`): 400 for the request, 401 for the key, 404/405 for routes and
@@ -34,7 +35,7 @@ from starlette.routing import Route
 
 from flash_dllm.app.api_keys import BearerKey
 from flash_dllm.app.model_settings import methods_for
-from flash_dllm.app.models import Lease, ModelBusy, ModelHost, display_name, history_exchanges, model_names
+from flash_dllm.app.models import Lease, ModelBusy, ModelHost, history_exchanges, model_id, model_names
 from flash_dllm.app.openai_request import ApiError, ChatRequest, invalid, param_of, parse_chat_request
 from flash_dllm.app.openai_stream import (KEEP_ALIVE, CommittedPrefix, CompletionMeta, TextStream, chunk,
                                           completion, sse, usage)
@@ -206,7 +207,8 @@ class ChatApi:
     # ------------------------------------------------------------------ the loaded model
     def model_object(self, engine, name: str) -> dict:
         info = engine.describe()
-        return {"id": display_name(name), "object": "model", "created": self.created, "owned_by": "flash-dllm-chat",
+        return {"id": model_id(name, engine.folder), "object": "model", "created": self.created,
+                "owned_by": "flash-dllm-chat",
                 "family": info.get("family"), "max_context": info.get("max_context"), "device": info.get("device"),
                 "default_method": info.get("default_method"), "methods": list(methods_for(engine.model.config)),
                 "history_exchanges": history_exchanges(name)}
@@ -228,11 +230,11 @@ class ChatApi:
     async def model(self, request: Request) -> Response:
         engine, name, asked = self.host.engine, self.host.name, request.path_params["model"]
         if engine is None or asked not in model_names(name, engine.folder):
-            raise self.not_this_model(asked, name)
+            raise self.not_this_model(asked, name, engine.folder if engine is not None else None)
         return JSONResponse(self.model_object(engine, name))
 
-    def not_this_model(self, asked: str, loaded: str | None) -> ApiError:
-        here = f"this server runs one model, '{display_name(loaded)}'" if loaded else "no model is loaded"
+    def not_this_model(self, asked: str, loaded: str | None, folder=None) -> ApiError:
+        here = f"this server runs one model, '{model_id(loaded, folder)}'" if loaded else "no model is loaded"
         return ApiError(404, f"The model '{asked}' does not exist here: {here} (GET /v1/models lists it).",
                         "invalid_request_error", "model", "model_not_found")
 
@@ -243,7 +245,7 @@ class ChatApi:
             raise ApiError(503, str(err), "server_error", None, "model_unavailable", {"Retry-After": "5"}) from None
         if model not in model_names(lease.name, lease.engine.folder):
             lease.release()
-            raise self.not_this_model(model, lease.name)
+            raise self.not_this_model(model, lease.name, lease.engine.folder)
         return lease
 
     # ------------------------------------------------------------------ completions
@@ -271,7 +273,7 @@ class ChatApi:
                 lease.release()
             self._leave()
             raise
-        meta = CompletionMeta(model=display_name(lease.name))
+        meta = CompletionMeta(model=model_id(lease.name, lease.engine.folder))
         decode = lease.engine.tokenizer.decode
         finished = threading.Event()
 

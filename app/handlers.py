@@ -232,10 +232,15 @@ def reopen_chat(ctx: AppContext, remembered, current, request: gr.Request = None
             *chat_canvas(ctx, remembered, request))
 
 
-def delete_button(ctx: AppContext, chat_id, request: gr.Request = None):
-    """Delete in the stop colour and usable only while a chat is chosen (with none it would delete nothing)."""
+CHAT_CONTROLS = ("delete_btn", "rename_box", "rename_btn", "export_btn")  # they act on the chosen chat
+
+
+def chat_controls(ctx: AppContext, chat_id, request: gr.Request = None):
+    """CHAT_CONTROLS usable (Delete in the stop colour) only while a chat is chosen: with none they could only
+    answer with a warning."""
     chosen = resolve_chat_choice(ctx.for_request(request), chat_id) is not None
-    return gr.update(interactive=chosen, variant="stop" if chosen else "secondary")
+    delete = gr.update(interactive=chosen, variant="stop" if chosen else "secondary")
+    return delete, *(gr.update(interactive=chosen) for _ in CHAT_CONTROLS[1:])
 
 
 def new_chat(ctx: AppContext, system, request: gr.Request = None):

@@ -97,12 +97,19 @@ def bundled_name(model: str | None) -> str:
     return name if same else ""  # a folder of the same name elsewhere is another model
 
 
+def model_id(name: str | None, folder: str | Path | None = None) -> str:
+    """The id the API gives the model loaded as ``name`` from ``folder``: a bundled model by its own name, however
+    the command line named it (`bundled`, its name, its folder), so that clients see one id; any other model as
+    `display_name`."""
+    return bundled_name(str(folder) if folder else name) or display_name(name)
+
+
 def model_names(name: str | None, folder: str | Path | None = None) -> set[str]:
     """The names a client may give the model loaded as ``name`` from ``folder``: the id the API lists
-    (`display_name`) and the name it was loaded by; for a bundled model also the names the command line takes for
+    (`model_id`) and the name it was loaded by; for a bundled model also the names the command line takes for
     it (`hub.resolve_model`): its folder's name, its folder, and `bundled` for the default one. So
     `--model bundled` and an API request for "bundled" mean the same model."""
-    names = {display_name(name)} | ({name} if name else set())
+    names = {display_name(name), model_id(name, folder)} | ({name} if name else set())
     bundled = bundled_name(str(folder) if folder else name)
     if bundled:
         names |= {bundled} | ({str(folder)} if folder else set())

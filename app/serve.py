@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from flash_dllm.app.cli import error_line
     from flash_dllm.app.guard import AccessPolicy
     from flash_dllm.app.launch import LaunchError, check_host, check_port, is_loopback, load_startup_engine
-    from flash_dllm.app.models import ModelHost, display_name
+    from flash_dllm.app.models import ModelHost, model_id
     from flash_dllm.engine import SettingsError, pick_device
 
     try:  # every flag before the model loads: a mistake costs no load
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
     elif key:
         print("API key required: Authorization: Bearer <the key given>", flush=True)
-    print(f"Serving {display_name(name)} ({info['device']}, {info['dtype']}, kernels: {info['kernels']}) at "
+    print(f"Serving {model_id(name, engine.folder)} ({info['device']}, {info['dtype']}, kernels: {info['kernels']}) at "
           f"http://{shown_host}:{args.port}/v1  (POST /v1/chat/completions, GET /v1/models; Ctrl-C stops it)",
           flush=True)
     return serve_forever(app, sock)

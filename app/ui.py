@@ -25,8 +25,14 @@ from flash_dllm.app.turns import OUTPUTS, AppContext, note
 from flash_dllm.engine import METHODS
 
 
+# Gradio fades a disabled button but draws a disabled textbox as an enabled one: the rename box, inert with its
+# button while no chat is chosen (`h.chat_controls`), fades with it so that it does not look typeable
+INERT_RENAME_BOX = "#rename-box :is(input, textarea):disabled { opacity: 0.5; cursor: not-allowed; }"
+
+
 def page_css() -> str:
-    return resources.files("flash_dllm.assets").joinpath("canvas.css").read_text(encoding="utf-8")
+    canvas = resources.files("flash_dllm.assets").joinpath("canvas.css").read_text(encoding="utf-8")
+    return f"{canvas}\n{INERT_RENAME_BOX}\n"
 
 
 def bind(handler, ctx: AppContext):
@@ -54,14 +60,15 @@ def sidebar(ctx: AppContext, page: SimpleNamespace) -> None:
         page.remembered_chat = gr.Textbox("", visible=False)  # filled in the browser on load (REMEMBERED_CHAT)
         with gr.Row():
             page.new_btn = gr.Button("New chat", size="sm")
-            # usable (and red) only while a chat is chosen: `delete_button` follows the Chats value
+            # Delete, Rename and Export are usable (Delete red) only while a chat is chosen: `chat_controls`
+            # follows the Chats value
             page.delete_btn = gr.Button("Delete", size="sm", variant="secondary", interactive=False,
                                         elem_id="delete-chat")
-        page.rename_box = gr.Textbox(label="Rename chat to", max_lines=1)
-        page.rename_btn = gr.Button("Rename", size="sm")
+        page.rename_box = gr.Textbox(label="Rename chat to", max_lines=1, interactive=False, elem_id="rename-box")
+        page.rename_btn = gr.Button("Rename", size="sm", interactive=False, elem_id="rename-chat")
         with gr.Row():
             page.export_fmt = gr.Radio(["md", "json"], value="md", label="Export chat as", scale=2)
-            page.export_btn = gr.Button("Export", size="sm", scale=1)
+            page.export_btn = gr.Button("Export", size="sm", scale=1, interactive=False, elem_id="export-chat")
         page.chat_file = gr.File(label="Exported chat", interactive=False, visible=False)
         gr.Markdown("**Model**")
         page.model_dd = gr.Dropdown(choices=h.model_choices(ctx), value=ctx.host.name, label="Models",
@@ -194,8 +201,8 @@ def wire_chats(ctx: AppContext, page: SimpleNamespace) -> None:
                   outputs=[getattr(page, name) for name in h.CANVAS_OUTPUTS], api_visibility="private",
                   queue=False)
     page.chats.change(None, page.chats, None, js=REMEMBER_CHAT, queue=False, api_visibility="private")
-    page.chats.change(bind(h.delete_button, ctx), page.chats, page.delete_btn, api_name="delete_button",
-                      api_visibility="private", queue=False, show_progress="hidden")
+    page.chats.change(bind(h.chat_controls, ctx), page.chats, [getattr(page, name) for name in h.CHAT_CONTROLS],
+                      api_name="chat_controls", api_visibility="private", queue=False, show_progress="hidden")
     page.chats.input(bind(h.open_chat, ctx), page.chats, [page.chatbot, page.system, page.status],
                      api_name="open_chat").then(api_name="canvas_after_open", **canvas)
     page.new_btn.click(bind(h.new_chat, ctx), page.system, listing, api_name="new_chat").then(

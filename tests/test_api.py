@@ -221,30 +221,30 @@ def test_the_key_is_enforced_when_set(app):
 
 @pytest.mark.parametrize("loaded_by", ["folder", "bundled", "tiny-chat"])
 def test_the_bundled_model_answers_to_the_names_the_cli_takes_for_it(loaded_by):
-    """`flash-dllm-chat --model bundled` (or tiny-chat, or no --model: its folder) serves tiny-chat; a client may
-    name it by the id /v1/models lists or by any of those names. /v1/models itself is unchanged, and another
-    model (or the other bundled model's name) still gets model_not_found."""
+    """`flash-dllm-chat --model bundled` (or tiny-chat, or no --model: its folder) serves tiny-chat; /v1/models
+    and the answers name it tiny-chat whichever name loaded it, and a client may name it by that id or by any of
+    those names. Another model (or the other bundled model's name) still gets model_not_found."""
     folder = hub.bundled_model_path()
     assert folder is not None and folder.name == "tiny-chat", "the bundled model is missing from the package"
     name = str(folder) if loaded_by == "folder" else loaded_by
     host = ModelHost(Engine.load(name, device="cpu"), name=name)
     with served_api(host, ApiConfig()) as base_url:
         listed = httpx.get(base_url + "/models", timeout=30).json()["data"]
-        assert [entry["id"] for entry in listed] == [display_name(name)]
+        assert [entry["id"] for entry in listed] == ["tiny-chat"]
         assert listed[0]["history_exchanges"] == 3  # tiny-chat's short-history rule, whichever name loaded it
         for model in (display_name(name), name, "bundled", "tiny-chat", str(folder)):
             if "/" not in model:  # a folder is no URL segment; the body may name it
-                assert httpx.get(f"{base_url}/models/{model}", timeout=30).json()["id"] == display_name(name)
+                assert httpx.get(f"{base_url}/models/{model}", timeout=30).json()["id"] == "tiny-chat"
             answer = httpx.post(base_url + "/chat/completions", timeout=120,
                                 json={"model": model, "messages": messages("What is 2 + 3?"), "max_tokens": 8})
             assert answer.status_code == 200, (model, answer.text)
-            assert answer.json()["model"] == display_name(name)
+            assert answer.json()["model"] == "tiny-chat"
         for model in ("gpt-4o", "tiny-cpu", "Bundled"):
             refused = httpx.post(base_url + "/chat/completions", timeout=30,
                                  json={"model": model, "messages": messages("hi"), "max_tokens": 8})
             error = error_of(refused)
             assert (refused.status_code, error["code"], error["param"]) == (404, "model_not_found", "model"), error
-            assert f"'{display_name(name)}'" in error["message"]
+            assert "'tiny-chat'" in error["message"]
             assert httpx.get(f"{base_url}/models/{model}", timeout=30).status_code == 404
 
 

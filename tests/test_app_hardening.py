@@ -1,6 +1,6 @@
 """Issue 20 through the app's API (gradio_client) and its parts: nothing typed is lost, nothing hangs, a shared
 app loads only from its shelf, state that outlives its cause is cleaned up. Then the page's own events: a page
-load reopens a chat, Delete is usable only while a chat is chosen."""
+load reopens a chat, Delete, Rename and Export are usable only while a chat is chosen."""
 from __future__ import annotations
 
 import os
@@ -279,12 +279,35 @@ def test_a_page_load_reopens_the_remembered_chat_and_nothing_else(tmp_path):
     assert handlers.reopen_chat(ctx, older.id, "latest question", page) == untouched  # chosen, shown by title
 
 
-def test_delete_is_usable_only_while_a_chat_is_chosen(tmp_path):
+def test_delete_rename_and_export_are_usable_only_while_a_chat_is_chosen(tmp_path):
+    """One event sets all of them from the Chats value; Rename's box is inert with its button."""
     ctx = AppContext(ModelHost(), ChatStore(tmp_path / "chats"))
-    delete = next(block for block in build_ui(ctx).blocks.values() if getattr(block, "elem_id", None) == "delete-chat")
+    demo = build_ui(ctx)
+    by_id = {block.elem_id: block for block in demo.blocks.values() if getattr(block, "elem_id", None)}
+    delete, box, rename, export = (by_id[name] for name in ("delete-chat", "rename-box", "rename-chat", "export-chat"))
     assert delete.value == "Delete" and delete.interactive is False and delete.variant != "stop"  # no chat yet
+    assert (box.label, rename.value, export.value) == ("Rename chat to", "Rename", "Export")
+    assert box.interactive is False and rename.interactive is False and export.interactive is False
+    chats = next(block for block in demo.blocks.values() if getattr(block, "label", None) == "Chats")
+    follows = [fn for fn in demo.fns.values() if fn.name == "chat_controls"]
+    assert len(follows) == 1 and [t[1] for t in follows[0].targets] == ["change"]
+    assert [block._id for block in follows[0].inputs] == [chats._id]
+    assert [block._id for block in follows[0].outputs] == [delete._id, box._id, rename._id, export._id]
     chat = ctx.store.create()
+    inert, usable = handlers.gr.update(interactive=False), handlers.gr.update(interactive=True)
     for nothing in (None, "", "  ", "a title no chat has"):
-        assert handlers.delete_button(ctx, nothing) == handlers.gr.update(interactive=False, variant="secondary")
-    assert handlers.delete_button(ctx, chat.id) == handlers.gr.update(interactive=True, variant="stop")
-    assert handlers.delete_button(ctx, chat.title)["interactive"] is True  # the dropdown may show the title
+        assert handlers.chat_controls(ctx, nothing) == (
+            handlers.gr.update(interactive=False, variant="secondary"), inert, inert, inert)
+    assert handlers.chat_controls(ctx, chat.id) == (handlers.gr.update(interactive=True, variant="stop"),
+                                                    usable, usable, usable)
+    assert all(update["interactive"] for update in handlers.chat_controls(ctx, chat.title))  # title shown
+
+
+def test_rename_and_export_without_a_chat_still_warn_an_api_caller(tmp_path):
+    """The page never lets them be clicked with no chat chosen; a client of the API still gets the warning."""
+    ctx = AppContext(ModelHost(), ChatStore(tmp_path / "chats"))
+    for nothing in (None, ""):
+        chats, box, status = handlers.rename_chat(ctx, nothing, "a new title")
+        assert chats == box == handlers.gr.skip() and "error" in status
+        exported, status = handlers.export_chat(ctx, nothing, "md")
+        assert exported is None and "Choose a chat to export." in status

@@ -2,8 +2,8 @@
 decodes is answered and saved, Stop before any token keeps nothing, the canvas follows the chosen chat,
 closing the Chats dropdown changes nothing, a lone surrogate leaves no empty chat, the prompt tail is the
 user's words. Then: a reload reopens the chat the tab was in (a new tab opens none), a
-message queued when the page reloads is shown and saved in the reopened chat, and Delete is inert while no
-chat is chosen."""
+message queued when the page reloads is shown and saved in the reopened chat, and Delete, Rename and Export
+are inert while no chat is chosen."""
 from __future__ import annotations
 
 import os
@@ -298,3 +298,51 @@ def test_delete_is_inert_while_no_chat_is_chosen(site, page):
     page.wait_for_function(NEW_CHAT, timeout=30_000)
     page.wait_for_function("() => !!document.querySelector('#delete-chat.stop')", timeout=30_000)
     assert delete.is_enabled()
+
+
+# Rename (its box and its button) and Export, as the page draws them: usable or not
+RENAME_EXPORT = ("() => [document.querySelector('#rename-box input, #rename-box textarea'),"
+                 " document.querySelector('#rename-chat'), document.querySelector('#export-chat')]"
+                 ".map(el => !!el && !el.disabled)")
+
+
+def rename_and_export(page) -> dict:
+    box = page.get_by_label("Rename chat to")
+    return {"box": box.is_editable(), "Rename": page.get_by_role("button", name="Rename", exact=True).is_enabled(),
+            "Export": page.get_by_role("button", name="Export", exact=True).is_enabled()}
+
+
+def test_rename_and_export_are_inert_while_no_chat_is_chosen(site, page):
+    """As Delete: usable while a chat is chosen (a new one, one answered, one reopened by a reload), inert once
+    it is deleted and in a new tab, which opens none."""
+    ctx, url, browser, _, errors = site
+    usable, inert = dict.fromkeys(("box", "Rename", "Export"), True), dict.fromkeys(("box", "Rename", "Export"), False)
+    page.wait_for_function(f"() => ({RENAME_EXPORT})().every(Boolean)", timeout=30_000)
+    assert rename_and_export(page) == usable  # the new chat is chosen
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Delete", exact=True).click()
+    page.wait_for_function(f"() => /Deleted/.test(({STATUS})())", timeout=30_000)
+    page.wait_for_function(f"() => !({RENAME_EXPORT})().some(Boolean)", timeout=30_000)
+    assert rename_and_export(page) == inert and page.get_by_label("Chats").input_value() == ""
+    box_opacity = "() => getComputedStyle(document.querySelector('#rename-box input, #rename-box textarea')).opacity"
+    assert page.evaluate(box_opacity) == "0.5"  # faded as Gradio fades the inert buttons: it does not look typeable
+    send(page, "name me later")  # a message with no chat chosen starts one, and chooses it
+    page.wait_for_function(FINISHED, timeout=60_000)
+    page.wait_for_function(f"() => ({RENAME_EXPORT})().every(Boolean)", timeout=30_000)
+    assert rename_and_export(page) == usable
+    reload_and_wait(page, "Opened “name me later”")
+    page.wait_for_function(f"() => ({RENAME_EXPORT})().every(Boolean)", timeout=30_000)
+    assert rename_and_export(page) == usable
+    page.get_by_label("Rename chat to").fill("renamed in the page")
+    page.get_by_role("button", name="Rename", exact=True).click()
+    page.wait_for_function(f"() => ({STATUS})().includes('Renamed to')", timeout=30_000)
+    assert any(chat.title == "renamed in the page" for chat in ctx.store.list())
+    fresh = browser.new_page(viewport={"width": 1500, "height": 1000})  # a new tab: no chat chosen
+    fresh.on("pageerror", lambda err: errors.append(str(err)))
+    try:
+        fresh.goto(url, wait_until="load")
+        fresh.get_by_role("textbox", name="Message").wait_for(timeout=30_000)
+        fresh.wait_for_timeout(1500)  # the load events have run: a reopen would have enabled them by now
+        assert fresh.get_by_label("Chats").input_value() == "" and rename_and_export(fresh) == inert
+    finally:
+        fresh.close()
