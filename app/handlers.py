@@ -190,9 +190,17 @@ def open_chat(ctx: AppContext, chat_id, request: gr.Request = None):
     except KeyError:
         return [], "", note("That chat no longer exists.", "warn")
     unanswered = bool(chat.messages) and chat.messages[-1]["role"] == "user"
-    status = (note(f"Opened “{chat.title}”. Its last message has no answer yet: press Regenerate to answer it.",
-                   "warn") if unanswered else note(f"Opened “{chat.title}”."))
-    return chat_messages(chat, ctx.sessions.queued(chat.id)), chat.system, status
+    decoding = unanswered and ctx.sessions.is_busy(chat.id)  # e.g. asked by this tab before it was reloaded
+    if decoding:
+        status = note(f"Opened “{chat.title}”. Its answer is still being decoded and will be saved here: open the "
+                      "chat again in a moment to see it.")
+    elif unanswered:
+        status = note(f"Opened “{chat.title}”. Its last message has no answer yet: press Regenerate to answer it.",
+                      "warn")
+    else:
+        status = note(f"Opened “{chat.title}”.")
+    live = "⏳ being decoded" if decoding else None
+    return chat_messages(chat, ctx.sessions.queued(chat.id), live), chat.system, status
 
 
 CANVAS_OUTPUTS = ("canvas_a", "stats_a", "canvas_b", "stats_b", "answer_b", "replay", "rec_a", "rec_b",

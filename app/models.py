@@ -182,11 +182,12 @@ class ModelHost:
 
     # ------------------------------------------------------------------ what there is
     def describe(self) -> dict:
-        """The engine's description, with the model named for display (see `display_name`)."""
+        """The engine's description, with the model named for display (`model_id`: the bundled model by its own
+        name however it was loaded, another by `display_name`)."""
         if self.engine is None:
             return {}
         info = dict(self.engine.describe())
-        info["model"] = display_name(str(info.get("model", "")))
+        info["model"] = model_id(str(info.get("model", "")), getattr(self.engine, "folder", None))
         return info
 
     def target_device(self) -> torch.device:

@@ -99,6 +99,11 @@ class Sessions:
             self.busy[chat_id] = self.busy.get(chat_id, 0) + 1
         return turn
 
+    def is_busy(self, chat_id: str) -> bool:
+        """Whether a turn is decoding this chat now."""
+        with self._lock:
+            return bool(self.busy.get(chat_id))
+
     def end(self, session: str | None, turn: Turn, chat_id: str) -> None:
         with self._lock:
             self.running.get(session or "", set()).discard(turn)

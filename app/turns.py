@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import html
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -113,7 +115,44 @@ def loaded_model_methods(ctx: AppContext, method: str | None, method_b: str | No
 
 def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system: str, method: str,
               side_by_side: bool, method_b: str, knob_values: tuple, session: str | None, regenerate: bool = False):
-    """Generator of output tuples (see OUTPUTS) for one streamed turn."""
+    """Generator of output tuples (see OUTPUTS) for one streamed turn. When the page goes away mid-turn (a reload,
+    a closed tab: Gradio closes this generator), the turn is finished on a thread of its own instead of being
+    cancelled, so its answer is decoded and saved into the chat, where the reopened page finds it."""
+    page_gone = threading.Event()
+    outputs = _turn_outputs(ctx, message, chat_id, system, method, side_by_side, method_b, knob_values, session,
+                            regenerate, page_gone)
+    for output in outputs:
+        try:
+            yield output
+        except GeneratorExit:
+            page_gone.set()
+            threading.Thread(target=_finish_unseen, args=(outputs,), name="flash-dllm-turn", daemon=True).start()
+            raise
+
+
+def _finish_unseen(outputs) -> None:
+    for _ in outputs:
+        pass
+
+
+CHAT_BUSY_POLL_S = 0.1
+
+
+def _wait_for_chat(ctx: AppContext, chat_id: str | None, page_gone: threading.Event, emit):
+    """Yield a status until no turn is decoding the chat: one whose page went away may still be finishing its
+    answer, which must land in the chat before this turn adds a message (turns of the page run one at a time)."""
+    if chat_id is None or not ctx.sessions.is_busy(chat_id):
+        return
+    if not page_gone.is_set():
+        yield emit(status=note("Waiting for this chat's previous answer, still being decoded after its page was "
+                               "reloaded; this message comes next."))
+    while ctx.sessions.is_busy(chat_id):
+        time.sleep(CHAT_BUSY_POLL_S)
+
+
+def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, system: str, method: str,
+                  side_by_side: bool, method_b: str, knob_values: tuple, session: str | None, regenerate: bool,
+                  page_gone: threading.Event):
     values = {name: gr.skip() for name in OUTPUTS}
 
     def emit(**changes):
@@ -147,6 +186,7 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
     if ctx.host.engine is None:
         yield emit(status=note("No model is loaded: choose one under Model.", "error"), message=message)
         return
+    yield from _wait_for_chat(ctx, chat_id, page_gone, emit)
     try:
         if regenerate:
             chat = ctx.store.get(chat_id)  # never creates: an unknown id has nothing to regenerate
@@ -207,6 +247,8 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
             try:
                 for batch in run.frames():
                     view.fold(batch)
+                    if page_gone.is_set():  # nobody sees the frames: only decode and fold
+                        continue
                     live = None
                     if label == "A" and not view.done:
                         preview = view.canvas.answer_preview() if view.canvas else ""
@@ -240,7 +282,7 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
         ctx.sessions.end(session, turn, chat.id)
         save_orphans(ctx, chat.id)
     stopped = any(v.stats.finish_reason == "cancelled" for v in views) or (turn.stopped.is_set() and len(views) < len(runs))
-    if not regenerate and not kept and (failure is not None or stopped):
+    if not regenerate and not kept and (failure is not None or stopped) and not page_gone.is_set():
         try:  # the question goes back to the box, not into the chat (it would change the next answer)
             ctx.store.pop_last(chat.id, "user", text)
             shown = ctx.store.get(chat.id)
@@ -256,7 +298,8 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
                  f"({v.stats.tokens_per_s:.1f} tok/s, {v.stats.tokens_per_forward:.2f} tokens/forward)" for v in views]
         status = note("Done. " + " · ".join(parts) + left_out_note(dropped, window))
     recordings = [v.canvas for v in views]
-    ctx.recordings.keep(session, chat.id, views)
+    if not page_gone.is_set():  # a page that went away has no canvas to come back to
+        ctx.recordings.keep(session, chat.id, views)
     max_step = max((c.steps for c in recordings if c is not None), default=0)
     yield emit(
         chatbot=chat_messages(shown, ctx.sessions.queued(chat.id)),

@@ -187,6 +187,24 @@ def test_messages_sent_before_the_page_knows_its_new_chat_go_into_that_chat(app)
     ctx.sessions.unqueue(later[1]["value"], "fresh-page", "a new topic")
 
 
+def test_a_turn_whose_page_goes_away_finishes_and_saves_its_answer(app):
+    """Gradio closes a turn's generator when its page goes away (a reload): the answer is still decoded and
+    saved (not cancelled), and a later turn on that chat waits for it, so the chat keeps its order."""
+    ctx = app.ctx
+    turn = handlers.chat(ctx, "finish me without a page", None, "", **SHORT)
+    for output in turn:  # up to the first decoding frame
+        if "Decoding" in str(dict(zip(OUTPUTS, output))["status"]):
+            break
+    chat_id = value(dict(zip(OUTPUTS, output))["chats"])
+    turn.close()  # what Gradio does to the generator of a page that went away
+    later = list(handlers.chat(ctx, "asked right after", chat_id, "", **SHORT))  # waits for the first answer
+    assert "Done." in dict(zip(OUTPUTS, later[-1]))["status"]
+    texts = [m["content"] for m in ctx.store.get(chat_id).messages]
+    assert texts[0] == "finish me without a page" and texts[2] == "asked right after" and len(texts) == 4, texts
+    assert texts[1] and ctx.store.get(chat_id).messages[1]["role"] == "assistant"
+    assert not ctx.sessions.is_busy(chat_id)
+
+
 def test_sessions_hand_back_orphans_only_when_the_chat_is_idle():
     sessions = Sessions()
     turn = sessions.begin("s", "c")

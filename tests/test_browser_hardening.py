@@ -284,6 +284,26 @@ def test_a_message_queued_when_the_page_reloads_is_in_the_reopened_chat(site, pa
     assert shown(page)["users"][-1] == "queued at the reload"
 
 
+def test_an_answer_being_decoded_when_the_page_reloads_is_finished_and_saved(site, page):
+    """A reload mid-answer does not cancel the answer: the turn finishes without its page and saves the answer
+    into the chat, which the reloaded tab reopens (saying the answer is on its way while it is); a message sent
+    into that chat meanwhile waits for it, so the chat keeps its order."""
+    ctx, _, _, engine, _ = site
+    engine.release.clear()  # the turn waits before its first step: the reload surely comes mid-turn
+    send(page, "answer me after the reload")
+    page.wait_for_function("() => /Decoding|▍/.test(document.body.innerText)", timeout=30_000)
+    reload_and_wait(page, "still being decoded")
+    assert shown(page)["users"] == ["answer me after the reload"] and shown(page)["bots"] == ["⏳ being decoded"]
+    send(page, "and then this")  # into the reopened chat, while its first answer is still pending
+    page.wait_for_function(f"() => ({STATUS})().includes('Waiting for this chat')", timeout=30_000)
+    engine.release.set()
+    page.wait_for_function(FINISHED, timeout=120_000)
+    chat = next(texts for texts in saved_texts(ctx) if texts[:1] == ["answer me after the reload"])
+    assert len(chat) == 4 and chat[2] == "and then this" and chat[1] and chat[3], chat
+    reload_and_wait(page, "Opened “answer me after the reload”")
+    assert shown(page)["bots"] == [chat[1], chat[3]]
+
+
 def test_delete_is_inert_while_no_chat_is_chosen(site, page):
     delete = page.get_by_role("button", name="Delete", exact=True)
     page.wait_for_function("() => !!document.querySelector('#delete-chat.stop')", timeout=30_000)
