@@ -2,8 +2,9 @@
 
 Each op module holds a plain-PyTorch reference, a Triton kernel and a dispatcher. The dispatcher takes
 ``backend``: "triton" (CUDA, or the CPU interpreter when TRITON_INTERPRET=1) or "torch" (the reference).
-fused_qkv_rope_cache also has an op object (FusedQKVRopeCache) that makes its constant decisions once, for
-hot loops and CUDA graphs. Nothing here imports model code.
+fused_qkv_rope_cache and split_k_linear also have op objects (FusedQKVRopeCache, SkinnyLinear) that make their
+constant decisions (which kernel, which config) once per problem, for hot loops and CUDA graphs. Nothing here
+imports model code.
 """
 from __future__ import annotations
 
