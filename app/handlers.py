@@ -133,7 +133,11 @@ def regenerate(ctx: AppContext, chat_id, system="", method=None, side_by_side=Fa
 
 
 def stop(ctx: AppContext, request: gr.Request):
+    """Stop this page's turns; with none, the turns of its login that go on after their page went away (a
+    reload mid-answer: the reloaded page's Stop still reaches that answer)."""
     stopped = ctx.sessions.stop(request.session_hash if request else None)
+    if not stopped:
+        stopped = ctx.sessions.stop_unattended(getattr(ctx.for_request(request).store, "owner", None))
     return note("Stopping between steps…" if stopped else "Nothing is being generated.", "warn")
 
 

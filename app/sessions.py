@@ -48,6 +48,9 @@ class Sessions:
         self.busy: dict[str, int] = {}  # chat id -> turns decoding it now
         self.orphans: dict[str, list[str]] = {}  # chat id -> queued texts whose page went away
         self.started: dict[str, str] = {}  # session -> the chat its last message with no chat chosen started
+        # turns finishing after their page went away -> the login that asked (None without --auth): a page of
+        # that login with nothing of its own to stop stops them
+        self.unattended: dict[Turn, str | None] = {}
         # Messages are accepted one at a time: two sent in quick succession run concurrently, and the second must
         # see the chat the first one started.
         self.accepting = threading.Lock()
@@ -104,8 +107,22 @@ class Sessions:
         with self._lock:
             return bool(self.busy.get(chat_id))
 
+    def adopt(self, turn: Turn, owner: str | None) -> None:
+        """A turn whose page went away: it goes on (its answer is saved) and any page of its login may stop it."""
+        with self._lock:
+            self.unattended[turn] = owner
+
+    def stop_unattended(self, owner: str | None) -> int:
+        """Stop the turns of this login whose pages went away; returns how many there were."""
+        with self._lock:
+            turns = [turn for turn, by in self.unattended.items() if by == owner]
+        for turn in turns:
+            turn.stop()
+        return len(turns)
+
     def end(self, session: str | None, turn: Turn, chat_id: str) -> None:
         with self._lock:
+            self.unattended.pop(turn, None)
             self.running.get(session or "", set()).discard(turn)
             self.busy[chat_id] = max(0, self.busy.get(chat_id, 0) - 1)
 

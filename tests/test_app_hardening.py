@@ -216,6 +216,18 @@ def test_sessions_hand_back_orphans_only_when_the_chat_is_idle():
     assert sessions.take_orphans("c") == ["x"] and sessions.queued("c") == ["y"]
 
 
+def test_only_the_same_login_stops_a_turn_whose_page_went_away():
+    sessions = Sessions()
+    alice, bob = sessions.begin("page-a", "chat-a"), sessions.begin("page-b", "chat-b")
+    sessions.adopt(alice, "alice")
+    sessions.adopt(bob, "bob")
+    assert sessions.stop_unattended("carol") == 0 and sessions.stop_unattended(None) == 0
+    assert sessions.stop_unattended("alice") == 1
+    assert alice.stopped.is_set() and not bob.stopped.is_set()
+    sessions.end("page-a", alice, "chat-a")  # the stopped turn ends: nothing left to stop
+    assert sessions.stop_unattended("alice") == 0 and list(sessions.unattended) == [bob]
+
+
 def test_a_shared_app_loads_only_from_its_shelf_and_reveals_no_paths(app, tmp_path):
     host = ModelHost(app.ctx.host.engine, LoadOptions(device="cpu"), name=str(app.folder), shelf_only=True)
     secret = tmp_path / "private-folder"

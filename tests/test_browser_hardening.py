@@ -304,6 +304,29 @@ def test_an_answer_being_decoded_when_the_page_reloads_is_finished_and_saved(sit
     assert shown(page)["bots"] == [chat[1], chat[3]]
 
 
+def test_the_reloaded_page_can_stop_the_answer_its_reload_left_running(site, page):
+    """Reloading to get out of a long answer must still be able to end it: the answer goes on without its page,
+    and the reloaded page's Stop stops it (nothing was committed, so nothing is kept and the question stays,
+    unanswered, for Regenerate)."""
+    ctx, _, _, engine, _ = site
+    engine.release.clear()
+    send(page, "stop me after the reload")
+    page.wait_for_function("() => /Decoding|▍/.test(document.body.innerText)", timeout=30_000)
+    reload_and_wait(page, "still being decoded")
+    chat_id = next(c.id for c in ctx.store.list() if [m["content"] for m in c.messages] == ["stop me after the reload"])
+    deadline = time.time() + 10
+    while time.time() < deadline and not ctx.sessions.unattended:  # adopted within a frame of the reload
+        time.sleep(0.05)
+    page.get_by_role("button", name="Stop").click()
+    page.wait_for_function(f"() => ({STATUS})().includes('Stopping between steps')", timeout=30_000)
+    deadline = time.time() + 30
+    while time.time() < deadline and ctx.sessions.is_busy(chat_id):
+        time.sleep(0.1)
+    assert not ctx.sessions.is_busy(chat_id) and not ctx.sessions.unattended
+    assert [m["content"] for m in ctx.store.get(chat_id).messages] == ["stop me after the reload"]
+    engine.release.set()
+
+
 def test_delete_is_inert_while_no_chat_is_chosen(site, page):
     delete = page.get_by_role("button", name="Delete", exact=True)
     page.wait_for_function("() => !!document.querySelector('#delete-chat.stop')", timeout=30_000)
