@@ -2,6 +2,7 @@
 import importlib
 import json
 import os
+import pkgutil
 import re
 import shutil
 import subprocess
@@ -187,6 +188,10 @@ def test_engine_settings_fail_before_any_download_and_name_the_flag(fake_hub, ti
     base = ["generate", "--model", "tiny/llada", "--prompt", "hi", *FAST]
     assert_usage_error(*run(base + ["--device", "cuda:x"], capsys), "argument --device: unknown device 'cuda:x'")
     if not torch.cuda.is_available():
+        # Triton fixes a kernel's mode (interpreted or compiled) when its module is imported: import them all
+        # under the interpreter first, or a module first imported below stays compiled for the later tests
+        for module in pkgutil.iter_modules(importlib.import_module("flash_dllm.kernels").__path__):
+            importlib.import_module(f"flash_dllm.kernels.{module.name}")
         monkeypatch.setenv("TRITON_INTERPRET", "0")  # what a user's machine has: no CPU interpreter
         code, out, err = run(base + ["--kernels", "triton"], capsys)
         assert_usage_error(code, out, err, "argument --kernels: kernel backend 'triton' needs a CUDA device")
