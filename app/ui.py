@@ -4,7 +4,7 @@ Every event that a client may call has a stable ``api_name`` (chat, regenerate, 
 export_html, new_chat, clear, open_chat, rename_chat, delete_chat, export_chat, load_model, download_model,
 preset); the page's own events have stable names too but are private. Generations share the concurrency
 group "gpu" (one at a time, the rest queue in order). The layout is built here, section by section, into one
-namespace of components; the handlers live in app/handlers.py.
+namespace of components; the handlers live in app/handlers.py (the model picker's in app/model_handlers.py).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from flash_dllm.app import handlers as h
+from flash_dllm.app import model_handlers as mh
 from flash_dllm.app.canvas import empty_canvas_html
 from flash_dllm.app.inflight import inflight_html
 from flash_dllm.app.model_settings import (DEFAULT_METHOD, DEFAULT_METHOD_B, FOLLOW_OUTPUTS, follow_model, knob_update,
@@ -71,7 +72,7 @@ def sidebar(ctx: AppContext, page: SimpleNamespace) -> None:
             page.export_btn = gr.Button("Export", size="sm", scale=1, interactive=False, elem_id="export-chat")
         page.chat_file = gr.File(label="Exported chat", interactive=False, visible=False)
         gr.Markdown("**Model**")
-        page.model_dd = gr.Dropdown(choices=h.model_choices(ctx), value=ctx.host.name, label="Models",
+        page.model_dd = gr.Dropdown(choices=mh.model_choices(ctx), value=ctx.host.name, label="Models",
                                     info="downloaded ones, then known ones (Load downloads those)",
                                     allow_custom_value=True)
         page.load_btn = gr.Button("Load", size="sm")
@@ -223,9 +224,9 @@ def wire_models(ctx: AppContext, page: SimpleNamespace) -> None:
     # one switch at a time, in its own group: a download (or a stalled Hub) never holds the "gpu" group that
     # chats queue in; the switch takes the engine's lock only to load (app/models.py)
     follow = follow_model_event(ctx, page)
-    page.load_btn.click(bind(h.load_model, ctx), page.model_dd, model_outputs, api_name="load_model",
+    page.load_btn.click(bind(mh.load_model, ctx), page.model_dd, model_outputs, api_name="load_model",
                         concurrency_id="models", concurrency_limit=1).then(api_name="follow_after_load", **follow)
-    page.download_btn.click(bind(h.download_model, ctx), page.repo_box, model_outputs, api_name="download_model",
+    page.download_btn.click(bind(mh.download_model, ctx), page.repo_box, model_outputs, api_name="download_model",
                             concurrency_id="models", concurrency_limit=1).then(
         api_name="follow_after_download", **follow)
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from flash_dllm.app import handlers as h
+from flash_dllm.app import model_handlers as mh
 from flash_dllm.app.api import ApiConfig
 from flash_dllm.app.chats import ChatStore
 from flash_dllm.app.model_settings import FAMILY_KNOBS, FOLLOW_OUTPUTS, follow_model, methods_for, settings_for
@@ -148,7 +149,7 @@ def test_a_chat_or_regenerate_call_naming_no_method_uses_the_loaded_models_metho
 # ---------------------------------------------------------------------------- the model picker
 def test_the_picker_lists_known_checkpoints_with_their_fit_beside_the_downloaded(engines, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # nothing downloaded
-    choices = dict((value, label) for label, value in h.model_choices(context(engines["llada"], tmp_path)))
+    choices = dict((value, label) for label, value in mh.model_choices(context(engines["llada"], tmp_path)))
     assert engines["llada"].name in choices  # the loaded model first
     assert set(KNOWN_MODELS) <= set(choices)
     assert "does not fit a 24 GiB card" in choices["inclusionAI/LLaDA2.0-mini"]
@@ -162,7 +163,7 @@ def test_loading_a_known_checkpoint_not_downloaded_starts_the_download_with_its_
     monkeypatch.setattr(hub, "remote_weight_bytes", lambda repo: asked.append(repo) or 32 * hub.GIB)
     monkeypatch.setattr(hub, "fit_check", lambda size, device, dtype=None: (False, "does not fit: needs 39.4 GiB"))
     ctx = AppContext(ModelHost(options=LoadOptions(device="cpu")), ChatStore(tmp_path / "chats"))
-    notes = [step[0] for step in h.load_model(ctx, "inclusionAI/LLaDA2.0-mini")]
+    notes = [step[0] for step in mh.load_model(ctx, "inclusionAI/LLaDA2.0-mini")]
     assert asked == ["inclusionAI/LLaDA2.0-mini"] and "Asking the Hub" in notes[0]
     assert "fd-error" in notes[-1] and "does not fit" in notes[-1] and ctx.host.engine is None
 
