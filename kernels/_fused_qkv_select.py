@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import triton.runtime.errors as triton_errors
 from triton.compiler.errors import CompilationError
 
 from . import gpu_time_ms, interpreting
@@ -40,7 +39,8 @@ from ._fused_qkv_common import COUNTERS, TMA_HEAD_DIM, FusedQKVCounters, FusedQK
 from ._fused_qkv_pointer import PointerLauncher
 from ._fused_qkv_streamk import StreamKLauncher
 from ._fused_qkv_tma import TMALauncher
-from ._tuning_store import TuningStore, device_description, matching_config, source_digest
+from ._tuning_store import (DOES_NOT_FIT, TuningStore, default_store, device_description, matching_config,
+                            source_digest)
 
 PATH_ENV = "FLASH_DLLM_FUSED_QKV_PATH"
 PATHS = ("auto", "pointer", "tma", "streamk")
@@ -50,9 +50,6 @@ TMA_PATHS = ("tma", "streamk")  # both read x and w_qkv through tensor descripto
 # fresh x each call keeps at most this many alive (the engine's preallocated buffers need one per bucket).
 MAX_X_BUFFERS = 8
 _CONFIG_MODULES = {"pointer": _fused_qkv_pointer, "tma": _fused_qkv_tma, "streamk": _fused_qkv_streamk}
-# A config that does not fit this GPU (shared memory, registers) is skipped while tuning.
-_DOES_NOT_FIT = tuple(getattr(triton_errors, name) for name in ("OutOfResources", "PTXASError")
-                      if hasattr(triton_errors, name))
 
 
 def read_path_request(environ=os.environ) -> str:
@@ -200,7 +197,7 @@ def _fastest(launchers: list, call_args: tuple, measure: Callable) -> tuple[obje
         COUNTERS.measurements += 1
         try:
             times[launcher.config] = measure(functools.partial(launcher, *call_args))
-        except _DOES_NOT_FIT:
+        except DOES_NOT_FIT:
             continue
         except (CompilationError, RuntimeError) as exc:
             warnings.warn(f"fused QKV {launcher.path} config {launcher.config} failed: {exc}")
@@ -255,17 +252,12 @@ def _choose(paths: tuple[str, ...], key: tuple, problem: FusedQKVProblem, call_a
     return FusedQKVChoice(fastest, timed[fastest][0])
 
 
-@functools.lru_cache(maxsize=1)
-def _default_store() -> TuningStore:
-    return TuningStore()  # Triton's cache directory as it is on first use
-
-
 def _store(forcing: FusedQKVForcing) -> TuningStore | None:
     """A forcing's own store, else the default one when nothing is forced (forced candidates or a forced
     measure make choices of their own, which must not serve a later plain process)."""
     if forcing.store is not None:
         return forcing.store
-    return _default_store() if forcing == _NOT_FORCED else None
+    return default_store() if forcing == _NOT_FORCED else None
 
 
 def _store_key(key: tuple, candidates: dict) -> list[str]:

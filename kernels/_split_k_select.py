@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import warnings
 from dataclasses import dataclass
@@ -22,22 +21,20 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-import triton.runtime.errors as triton_errors
 
 from . import gpu_time_ms, interpreting
 from . import _add_rms_norm_triton, _split_k_linear_triton
 from ._add_rms_norm_triton import add_rms_norm_triton
 from ._fused_qkv_common import m_bucket, tma_available
-from ._split_k_linear_triton import SplitKConfig, SplitKLauncher, default_configs
-from ._tuning_store import TuningStore, device_description, source_digest
+from ._split_k_linear_triton import SplitKLauncher, default_configs
+from ._tuning_store import (DOES_NOT_FIT, TuningStore, default_store, device_description, matching_config,
+                            source_digest)
 
 CUBLAS = "cublas"
 REQUEST_ENV = "FLASH_DLLM_PROJECTIONS"
 REQUESTS = ("auto", CUBLAS)
 CHECK_TOLERANCE = 1e-2  # of the product's largest magnitude: bf16 rounding of cuBLAS's output is ~4e-3
 MAX_ROWS = 256  # above this a projection is compute-bound and cuBLAS's own tiles are the right ones
-_DOES_NOT_FIT = tuple(getattr(triton_errors, name) for name in ("OutOfResources", "PTXASError")
-                      if hasattr(triton_errors, name))
 _MAX_X_SHAPES = 16  # row counts an op keeps launchers for (the engine's step shapes are a handful)
 
 
@@ -134,11 +131,6 @@ def _store_key(key: tuple, candidates: tuple) -> list[str]:
     return [device_description(device), source_digest(*sources), repr(tuple(problem)), repr(candidates)]
 
 
-@functools.lru_cache(maxsize=1)
-def _default_store() -> TuningStore:
-    return TuningStore()
-
-
 def _computes_right(launcher, x: torch.Tensor, weight: torch.Tensor, expected: torch.Tensor) -> bool:
     """Whether a config's parts sum to cuBLAS's product here (warns when not)."""
     parts = launcher(x, weight)
@@ -158,16 +150,16 @@ def _choose(key: tuple, x: torch.Tensor, weight: torch.Tensor, request: str):
     measure = forcing.measure or (None if interpreting() else gpu_time_ms)
     if len(candidates) == 1 or measure is None:
         return candidates[0]
-    store = forcing.store if forcing.store is not None else (_default_store() if forcing == _NOT_FORCED else None)
+    store = forcing.store if forcing.store is not None else (default_store() if forcing == _NOT_FORCED else None)
     store_key = _store_key(key, candidates)
     if store is not None:
-        stored = store.load("skinny_linear", store_key)
-        if stored is not None:
-            for candidate in candidates:
-                as_stored = candidate if candidate == CUBLAS else dataclasses.asdict(candidate)
-                if stored.get("choice") == as_stored:
-                    COUNTERS.stored_choices_read += 1
-                    return candidate
+        stored = (store.load("skinny_linear", store_key) or {}).get("choice")
+        configs = tuple(c for c in candidates if c != CUBLAS)
+        chosen = CUBLAS if stored == CUBLAS and CUBLAS in candidates else (
+            matching_config(stored, configs) if isinstance(stored, dict) else None)
+        if chosen is not None:
+            COUNTERS.stored_choices_read += 1
+            return chosen
     times = {}
     expected = F.linear(x, weight).float()
     for candidate in candidates:
@@ -177,7 +169,7 @@ def _choose(key: tuple, x: torch.Tensor, weight: torch.Tensor, request: str):
             if launcher is not None and not _computes_right(launcher, x, weight, expected):
                 continue
             times[candidate] = measure(_with_norm(launcher, x, weight))
-        except _DOES_NOT_FIT:
+        except DOES_NOT_FIT:
             continue
         except Exception as exc:  # noqa: BLE001 - any failure of an optional kernel leaves cuBLAS to do the work
             if candidate == CUBLAS:
@@ -245,9 +237,3 @@ class SkinnyLinearTriton:
         launcher = launchers[w_key]
         return CUBLAS if launcher is None else launcher.config
 
-
-def skinny_linear_counters() -> SkinnyLinearCounters:
-    return COUNTERS
-
-
-__all__ = ["CUBLAS", "SplitKConfig", "forced_skinny_linear", "skinny_linear_counters", "SkinnyLinearTriton"]

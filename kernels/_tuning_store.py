@@ -20,9 +20,13 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.runtime.errors as triton_errors
 
 FORMAT = "flash-dllm-tuning-1"
 SUBDIR = "flash_dllm_tuning"
+# What a candidate config that does not fit this GPU raises (shared memory, registers): a tuner skips it.
+DOES_NOT_FIT = tuple(getattr(triton_errors, name) for name in ("OutOfResources", "PTXASError")
+                     if hasattr(triton_errors, name))
 
 
 def default_directory() -> Path:
@@ -83,6 +87,12 @@ class TuningStore:
         except OSError:
             if tmp is not None:  # a full disk: leave no half-written file behind
                 Path(tmp).unlink(missing_ok=True)
+
+
+@functools.lru_cache(maxsize=1)
+def default_store() -> TuningStore:
+    """The store every tuner shares: Triton's cache directory as it is on first use."""
+    return TuningStore()
 
 
 def matching_config(stored: dict, candidates: tuple):

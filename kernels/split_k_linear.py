@@ -27,9 +27,13 @@ MAX_SPLITS = 16
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def split_ranges(d_in: int, splits: int, block_k: int) -> list[tuple[int, int]]:
     """The S column ranges of K, as the kernel cuts them (empty trailing ranges included)."""
-    per_split = -(-(-(-d_in // splits)) // block_k) * block_k
+    per_split = _cdiv(_cdiv(d_in, splits), block_k) * block_k
     return [(min(s * per_split, d_in), min((s + 1) * per_split, d_in)) for s in range(splits)]
 
 
