@@ -107,7 +107,7 @@ def stop(ctx: AppContext, request: gr.Request):
     reload mid-answer: the reloaded page's Stop still reaches that answer)."""
     stopped = ctx.sessions.stop(request.session_hash if request else None)
     if not stopped:
-        stopped = ctx.sessions.stop_unattended(getattr(ctx.for_request(request).store, "owner", None))
+        stopped = ctx.sessions.stop_unattended(getattr(request, "username", None))
     return note("Stopping between steps…" if stopped else "Nothing is being generated.", "warn")
 
 
@@ -299,7 +299,7 @@ def on_unload(ctx: AppContext, request: gr.Request = None):
     """The page went away: its queued messages are saved into their chats (now, or when the turn decoding
     that chat ends), never dropped."""
     if request is not None and request.session_hash:
-        ctx.sessions.drop_session(request.session_hash)
+        ctx.sessions.drop_session(request.session_hash, getattr(request, "username", None))
         ctx.recordings.drop_session(request.session_hash)
         for chat_id in list(ctx.sessions.orphans):
             save_orphans(ctx, chat_id)

@@ -81,12 +81,15 @@ class Sessions:
         with self._lock:
             return [item.text for item in self.pending.get(chat_id, [])] + list(self.orphans.get(chat_id, []))
 
-    def drop_session(self, session: str) -> None:
+    def drop_session(self, session: str, owner: str | None = None) -> None:
+        """The page went away: its queued messages become orphans, and its running turns (which go on and save
+        their answers) become stoppable by any page of its login (``owner``; None without --auth)."""
         with self._lock:
             for chat_id, items in self.pending.items():
                 self.orphans.setdefault(chat_id, []).extend(item.text for item in items if item.session == session)
                 items[:] = [item for item in items if item.session != session]
-            self.running.pop(session, None)
+            for turn in self.running.pop(session, set()):
+                self.unattended[turn] = owner
 
     def take_orphans(self, chat_id: str) -> list[str]:
         """The orphaned queued texts of a chat nobody is decoding now (empty while a turn decodes it)."""
@@ -106,11 +109,6 @@ class Sessions:
         """Whether a turn is decoding this chat now."""
         with self._lock:
             return bool(self.busy.get(chat_id))
-
-    def adopt(self, turn: Turn, owner: str | None) -> None:
-        """A turn whose page went away: it goes on (its answer is saved) and any page of its login may stop it."""
-        with self._lock:
-            self.unattended[turn] = owner
 
     def stop_unattended(self, owner: str | None) -> int:
         """Stop the turns of this login whose pages went away; returns how many there were."""

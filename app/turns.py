@@ -248,7 +248,6 @@ def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, sys
                 for batch in run.frames():
                     view.fold(batch)
                     if page_gone.is_set():  # nobody sees the frames: only decode and fold
-                        ctx.sessions.adopt(turn, getattr(ctx.store, "owner", None))
                         continue
                     live = None
                     if label == "A" and not view.done:

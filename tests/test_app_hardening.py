@@ -219,8 +219,8 @@ def test_sessions_hand_back_orphans_only_when_the_chat_is_idle():
 def test_only_the_same_login_stops_a_turn_whose_page_went_away():
     sessions = Sessions()
     alice, bob = sessions.begin("page-a", "chat-a"), sessions.begin("page-b", "chat-b")
-    sessions.adopt(alice, "alice")
-    sessions.adopt(bob, "bob")
+    sessions.drop_session("page-a", "alice")  # both pages went away; their turns go on
+    sessions.drop_session("page-b", "bob")
     assert sessions.stop_unattended("carol") == 0 and sessions.stop_unattended(None) == 0
     assert sessions.stop_unattended("alice") == 1
     assert alice.stopped.is_set() and not bob.stopped.is_set()

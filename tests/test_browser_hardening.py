@@ -315,7 +315,7 @@ def test_the_reloaded_page_can_stop_the_answer_its_reload_left_running(site, pag
     reload_and_wait(page, "still being decoded")
     chat_id = next(c.id for c in ctx.store.list() if [m["content"] for m in c.messages] == ["stop me after the reload"])
     deadline = time.time() + 10
-    while time.time() < deadline and not ctx.sessions.unattended:  # adopted within a frame of the reload
+    while time.time() < deadline and not ctx.sessions.unattended:  # the old page's unload hands its turn over
         time.sleep(0.05)
     page.get_by_role("button", name="Stop").click()
     page.wait_for_function(f"() => ({STATUS})().includes('Stopping between steps')", timeout=30_000)
