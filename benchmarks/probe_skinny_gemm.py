@@ -9,8 +9,9 @@ probe times, per case (projection x token count), CUDA-graph medians over rotati
   splitk ...   our Triton GEMM: each program owns BLOCK_N output columns and one of S K ranges and writes an fp32
                partial [S, M, N]; "swap" puts the weight rows on the MMA's M side (tokens on its N side, which
                may be as small as 8), "normal" the tokens; "ptr" loads through pointers, "tma" through descriptors
-and then the pipelines the step would run: cuBLAS + the engine's add+RMSNorm against the best split-K + a norm
-that sums the S partials first (rounded to bf16 once, as cuBLAS's output would be, then the same add and norm).
+and then the pipelines the step would run: cuBLAS + the engine's add+RMSNorm against the best split-K + the same
+add+RMSNorm given the S partials (it sums them, rounds once, then adds and normalizes). The 2026-12-07 data was
+taken with a summing norm of the probe's own, before add_rms_norm took partials.
 The floor is the weight's bytes over the copy bandwidth measured in the same run.
 
 Usage: python3 benchmarks/probe_skinny_gemm.py [--cases llada-8b:o:128,llada-8b:down:32,...] [--csv PATH]
@@ -70,24 +71,6 @@ def _splitk_kernel(x_ptr, w_ptr, x_desc, w_desc, part_ptr, M, N, k_per_split, st
         tl.store(base + rows[None, :] * N + cols[:, None], acc, mask=rows[None, :] < M)
     else:
         tl.store(base + rows[:, None] * N + cols[None, :], acc, mask=rows[:, None] < M)
-
-
-@triton.jit
-def _sum_add_norm_kernel(part_ptr, residual_ptr, weight_ptr, normed_ptr, M, eps, inv_d,
-                         D: tl.constexpr, S: tl.constexpr):
-    """One row: u = bf16(sum of the S partials), h = bf16(h + u) in place, normed = RMSNorm(h)."""
-    row = tl.program_id(0)
-    cols = tl.arange(0, D)
-    total = tl.load(part_ptr + row * D + cols)
-    for s in tl.static_range(1, S):
-        total += tl.load(part_ptr + s * M * D + row * D + cols)
-    h = tl.load(residual_ptr + row * D + cols).to(tl.float32)
-    h = (h + total.to(tl.bfloat16).to(tl.float32)).to(tl.bfloat16)
-    tl.store(residual_ptr + row * D + cols, h)
-    hf = h.to(tl.float32)
-    r = tl.math.rsqrt(tl.sum(hf * hf, axis=0) * inv_d + eps)
-    w = tl.load(weight_ptr + cols).to(tl.float32)
-    tl.store(normed_ptr + row * D + cols, (hf * r * w).to(tl.bfloat16))
 
 
 def run_splitk(x, w, part, cfg):
@@ -178,12 +161,10 @@ def main() -> None:
             h = torch.randn(m, d, device="cuda", dtype=torch.bfloat16)
             g = torch.ones(d, device="cuda", dtype=torch.bfloat16)
             normed = torch.empty_like(h)
-            inv_d = 1.0 / d
 
             def ours(i):
                 run_splitk(x, weights[i], part, cfg)
-                _sum_add_norm_kernel[(m,)](part, h, g, normed, m, 1e-5, inv_d, D=d, S=cfg[5],
-                                           num_warps=8)
+                add_rms_norm(h, part, g, 1e-5, out=normed, inplace=True, backend="triton")  # sums the parts
 
             def theirs(i):
                 add_rms_norm(h, F.linear(x, weights[i]), g, 1e-5, out=normed, inplace=True, backend="triton")
@@ -194,7 +175,7 @@ def main() -> None:
                   f"(x{t_ours / t_theirs:.3f})", flush=True)
             rows.append({"case": case, "variant": "pipeline cublas+norm", "us": round(t_theirs, 2)})
             rows.append({"case": case, "variant": "pipeline splitk+sumnorm", "us": round(t_ours, 2)})
-        del weights, weights_nn
+        weights = weights_nn = None  # free this case's copies before the next case makes its own
         torch.cuda.empty_cache()
         if args.csv:
             write_rows_csv(args.csv, rows, device_env())
