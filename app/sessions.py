@@ -51,6 +51,8 @@ class Sessions:
         # turns finishing after their page went away -> the login that asked (None without --auth): a page of
         # that login with nothing of its own to stop stops them
         self.unattended: dict[Turn, str | None] = {}
+        # turns whose message waits for its chat's previous answer (not decoding yet): Stop on their page ends them
+        self.waiting: dict[str, set[Turn]] = {}
         # Messages are accepted one at a time: two sent in quick succession run concurrently, and the second must
         # see the chat the first one started.
         self.accepting = threading.Lock()
@@ -90,6 +92,7 @@ class Sessions:
                 items[:] = [item for item in items if item.session != session]
             for turn in self.running.pop(session, set()):
                 self.unattended[turn] = owner
+            self.waiting.pop(session, None)  # a waiting message goes on without its page, as a running turn does
 
     def take_orphans(self, chat_id: str) -> list[str]:
         """The orphaned queued texts of a chat nobody is decoding now (empty while a turn decodes it)."""
@@ -104,6 +107,17 @@ class Sessions:
             self.running.setdefault(session or "", set()).add(turn)
             self.busy[chat_id] = self.busy.get(chat_id, 0) + 1
         return turn
+
+    def begin_waiting(self, session: str | None) -> Turn:
+        """A turn that waits for its chat to be free: Stop on its page sets its `stopped` (it has no run yet)."""
+        turn = Turn()
+        with self._lock:
+            self.waiting.setdefault(session or "", set()).add(turn)
+        return turn
+
+    def end_waiting(self, session: str | None, turn: Turn) -> None:
+        with self._lock:
+            self.waiting.get(session or "", set()).discard(turn)
 
     def is_busy(self, chat_id: str) -> bool:
         """Whether a turn is decoding this chat now."""
@@ -125,9 +139,9 @@ class Sessions:
             self.busy[chat_id] = max(0, self.busy.get(chat_id, 0) - 1)
 
     def stop(self, session: str | None) -> int:
-        """Stop every running turn of this session; returns how many there were."""
+        """Stop every running or waiting turn of this session; returns how many there were."""
         with self._lock:
-            turns = list(self.running.get(session or "", set()))
+            turns = [*self.running.get(session or "", set()), *self.waiting.get(session or "", set())]
         for turn in turns:
             turn.stop()
         return len(turns)

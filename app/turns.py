@@ -138,16 +138,22 @@ def _finish_unseen(outputs) -> None:
 CHAT_BUSY_POLL_S = 0.1
 
 
-def _wait_for_chat(ctx: AppContext, chat_id: str | None, page_gone: threading.Event, emit):
+def _wait_for_chat(ctx: AppContext, chat_id: str | None, session: str | None, page_gone: threading.Event, emit):
     """Yield a status until no turn is decoding the chat: one whose page went away may still be finishing its
-    answer, which must land in the chat before this turn adds a message (turns of the page run one at a time)."""
+    answer, which must land in the chat before this turn adds a message (turns of the page run one at a time).
+    Returns whether the page's Stop ended the wait (the message then never reaches the chat)."""
     if chat_id is None or not ctx.sessions.is_busy(chat_id):
-        return
+        return False
     if not page_gone.is_set():
         yield emit(status=note("Waiting for this chat's previous answer, still being decoded after its page was "
-                               "reloaded; this message comes next."))
-    while ctx.sessions.is_busy(chat_id):
-        time.sleep(CHAT_BUSY_POLL_S)
+                               "reloaded; this message comes next (Stop takes it back)."))
+    waiting = ctx.sessions.begin_waiting(session)
+    try:
+        while ctx.sessions.is_busy(chat_id) and not waiting.stopped.is_set():
+            time.sleep(CHAT_BUSY_POLL_S)
+    finally:
+        ctx.sessions.end_waiting(session, waiting)
+    return waiting.stopped.is_set()
 
 
 def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, system: str, method: str,
@@ -186,7 +192,16 @@ def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, sys
     if ctx.host.engine is None:
         yield emit(status=note("No model is loaded: choose one under Model.", "error"), message=message)
         return
-    yield from _wait_for_chat(ctx, chat_id, page_gone, emit)
+    if (yield from _wait_for_chat(ctx, chat_id, session, page_gone, emit)):
+        said = "nothing was regenerated" if regenerate else "your message is back in the box"
+        try:
+            shown = chat_messages(ctx.store.get(chat_id), ctx.sessions.queued(chat_id))
+        except KeyError:  # deleted meanwhile
+            shown = gr.skip()
+        yield emit(status=note(f"Stopped before it started: {said}. This chat's previous answer is still being "
+                               "decoded; Stop again ends it.", "warn"),
+                   message=gr.skip() if regenerate else message, chatbot=shown)
+        return
     try:
         if regenerate:
             chat = ctx.store.get(chat_id)  # never creates: an unknown id has nothing to regenerate

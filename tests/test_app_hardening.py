@@ -205,6 +205,18 @@ def test_a_turn_whose_page_goes_away_finishes_and_saves_its_answer(app):
     assert not ctx.sessions.is_busy(chat_id)
 
 
+def test_stop_ends_a_waiting_turn_of_its_page_only():
+    """A turn waiting for its chat (not decoding yet) is stopped by its own page's Stop, not by another page's;
+    a page that goes away leaves its waiting message to go on (as its running turns do)."""
+    sessions = Sessions()
+    mine, theirs = sessions.begin_waiting("mine"), sessions.begin_waiting("theirs")
+    assert sessions.stop("mine") == 1 and mine.stopped.is_set() and not theirs.stopped.is_set()
+    sessions.end_waiting("mine", mine)
+    assert sessions.stop("mine") == 0
+    sessions.drop_session("theirs")
+    assert sessions.stop("theirs") == 0 and sessions.stop_unattended(None) == 0 and not theirs.stopped.is_set()
+
+
 def test_sessions_hand_back_orphans_only_when_the_chat_is_idle():
     sessions = Sessions()
     turn = sessions.begin("s", "c")

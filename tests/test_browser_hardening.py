@@ -327,6 +327,31 @@ def test_the_reloaded_page_can_stop_the_answer_its_reload_left_running(site, pag
     engine.release.set()
 
 
+def test_stop_takes_back_a_message_waiting_for_the_answer_a_reload_left_running(site, page):
+    """A message sent into a chat whose answer goes on without its page waits for that answer; Stop on the page
+    takes the waiting message back (into the box, never into the chat) and leaves the answer running, which a
+    second Stop would end."""
+    ctx, _, _, engine, _ = site
+    engine.release.clear()
+    send(page, "keep decoding me")
+    page.wait_for_function("() => /Decoding|▍/.test(document.body.innerText)", timeout=30_000)
+    reload_and_wait(page, "still being decoded")
+    chat_id = next(c.id for c in ctx.store.list() if [m["content"] for m in c.messages] == ["keep decoding me"])
+    send(page, "never mind this one")
+    page.wait_for_function(f"() => ({STATUS})().includes('Waiting for this chat')", timeout=30_000)
+    page.get_by_role("button", name="Stop").click()
+    page.wait_for_function(f"() => ({STATUS})().includes('Stopped before it started')", timeout=30_000)
+    assert page.get_by_role("textbox", name="Message").input_value() == "never mind this one"
+    assert ctx.sessions.is_busy(chat_id)  # the earlier answer was not stopped with it
+    engine.release.set()
+    deadline = time.time() + 60
+    while time.time() < deadline and ctx.sessions.is_busy(chat_id):
+        time.sleep(0.1)
+    messages = ctx.store.get(chat_id).messages
+    assert [m["role"] for m in messages] == ["user", "assistant"] and messages[0]["content"] == "keep decoding me"
+    assert not any(ctx.sessions.waiting.values())
+
+
 def test_delete_is_inert_while_no_chat_is_chosen(site, page):
     delete = page.get_by_role("button", name="Delete", exact=True)
     page.wait_for_function("() => !!document.querySelector('#delete-chat.stop')", timeout=30_000)
