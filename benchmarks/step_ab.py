@@ -38,16 +38,17 @@ def fresh_session(engine) -> None:
 
 def run_ab(geometry: str, settings: dict[str, Callable], cells: list[Cell], rounds: int = 2,
            header: Callable | None = None) -> dict:
-    """settings: two names -> a function(engine) that applies the setting. Prints every measurement and, per cell,
-    the median (min-max) over rounds of each setting and their ratio (second / first); returns the medians."""
-    (first, _), (second, _) = settings.items()
+    """settings: two or more names -> a function(engine) that applies the setting, run in turn, the order
+    reversed every other round. Prints every measurement and, per cell, the median (min-max) over rounds of each
+    setting and its ratio to the first; returns the medians."""
+    names = list(settings)
     engine = random_engine(geometry, "cuda")
     print(torch.cuda.get_device_name(0), torch.__version__, geometry,
           f"copy {copy_bandwidth_gbs(torch.device('cuda')):.0f} GB/s", header(engine) if header else "", flush=True)
     results = {name: {cell: [] for cell in cells} for name in settings}
     with torch.no_grad():
         for r in range(rounds):
-            for name in (first, second) if r % 2 == 0 else (second, first):
+            for name in names if r % 2 == 0 else names[::-1]:
                 fresh_session(engine)
                 settings[name](engine)
                 for cell in cells:
@@ -58,9 +59,13 @@ def run_ab(geometry: str, settings: dict[str, Callable], cells: list[Cell], roun
                     print(f"round {r} {name} {method} b{batch}: {row['iter_ms_median']:.3f} ms "
                           f"({row['iterations']} iterations, peak {row['peak_gb']:.1f} GB)", flush=True)
     fresh_session(engine)
+    first = names[0]
     for cell in cells:
-        a, b = results[first][cell], results[second][cell]
-        print(f"{cell[0]} b{cell[1]}: {first} median {statistics.median(a):.3f} (min {min(a):.3f} max {max(a):.3f}) | "
-              f"{second} median {statistics.median(b):.3f} (min {min(b):.3f} max {max(b):.3f}) | "
-              f"{second}/{first} {statistics.median(b) / statistics.median(a):.4f}", flush=True)
+        base = statistics.median(results[first][cell])
+        parts = []
+        for name in names:
+            v = results[name][cell]
+            ratio = "" if name == first else f", {name}/{first} {statistics.median(v) / base:.4f}"
+            parts.append(f"{name} median {statistics.median(v):.3f} (min {min(v):.3f} max {max(v):.3f}){ratio}")
+        print(f"{cell[0]} b{cell[1]}: " + " | ".join(parts), flush=True)
     return {name: {cell: statistics.median(v) for cell, v in per.items()} for name, per in results.items()}

@@ -21,7 +21,7 @@ from flash_dllm.engine.moe_model import MoEWeights, attention_inputs, cached_att
 from flash_dllm.kernels.add_rms_norm import AddRMSNorm
 from flash_dllm.kernels.fused_qkv_rope_cache import FusedQKVRopeCache
 from flash_dllm.kernels.moe_experts import MoEExperts
-from flash_dllm.kernels.silu_mul import SiluMul
+from flash_dllm.kernels.gate_up_silu import GateUpSilu
 from flash_dllm.kernels.split_k_linear import SkinnyLinear
 from flash_dllm.kernels.scheduled_attention import AttentionPlan, ScheduledAttention
 
@@ -196,7 +196,9 @@ class KernelOps:
     fused_qkv: FusedQKVRopeCache
     attention: ScheduledAttention
     norm: AddRMSNorm  # the residual add folded into the norm that follows it
-    silu_mul: SiluMul
+    # a dense MLP's gate/up projection and its activation: cuBLAS then the activation kernel, or one fused kernel,
+    # whichever was faster for the problem (kernels/gate_up_silu.py)
+    gate_up: GateUpSilu
     # (x, topk_ids, topk_weights, w_gate_up, w_down) -> [T, D]: the routed experts of MoE families
     moe_experts: MoEExperts
     # the output and down projections, whose result only the next norm reads: cuBLAS's [M, D] or split-K
@@ -207,7 +209,7 @@ class KernelOps:
 def bind_kernels(config: ModelConfig, backend: str) -> KernelOps:
     return KernelOps(backend, FusedQKVRopeCache(backend, config.n_heads, config.n_kv_heads),
                      ScheduledAttention(backend, config.n_heads, config.n_kv_heads, config.head_dim),
-                     AddRMSNorm(backend), SiluMul(backend), MoEExperts(backend), SkinnyLinear(backend))
+                     AddRMSNorm(backend), GateUpSilu(backend), MoEExperts(backend), SkinnyLinear(backend))
 
 
 # Flash-dLLM's official code ranks tracked tokens by the window's attention logits summed over the layers after
@@ -250,6 +252,6 @@ def forward_cached(
         if layer.moe is not None:
             update = mlp(x, layer, cfg, ops.moe_experts)
         else:
-            update = ops.into_norm(ops.silu_mul(F.linear(x, layer.w_gate_up)), layer.w_down)
+            update = ops.into_norm(ops.gate_up(x, layer.w_gate_up), layer.w_down)
     rows = step.hidden_rows
     return ops.norm(h, update, model.final_norm, eps, rows=rows)[1]  # gathers the rows the head reads

@@ -108,6 +108,44 @@ def same_bits(*pairs) -> bool:
     return all(a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in pairs)
 
 
+# ---- elementwise bit checks (silu_mul and the fused gate/up activation) ------------------------------------------
+
+SILU_ULPS = 2  # the interpreter's exp and torch CPU's differ by an ulp; 1 + exp and the division can carry that to two
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise bit equality (tells -0 from 0; NaN equals a NaN)."""
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[a.dtype]
+    return (a.view(ints) == b.view(ints)) | (a.isnan() & b.isnan())
+
+
+def nudged(x: torch.Tensor, ulps: int) -> torch.Tensor:
+    """x moved `ulps` fp32 ulps up (positive) or down."""
+    toward = torch.full_like(x, float("inf") if ulps > 0 else float("-inf"))
+    for _ in range(abs(ulps)):
+        x = torch.nextafter(x, toward)
+    return x
+
+
+def ulp_order(limit: int) -> list[int]:
+    return sorted(range(-limit, limit + 1), key=abs)
+
+
+def check_silu_mul(gate_up: torch.Tensor, act: torch.Tensor, min_exact: float) -> None:
+    """act is torch's F.silu(gate) * up of gate_up ([N, 2F]): every element with silu's fp32 value moved by at
+    most SILU_ULPS (the interpreter's exp), and at least min_exact of them bit for bit."""
+    import torch.nn.functional as F
+
+    gate, up = gate_up.chunk(2, dim=-1)
+    exact = bits_equal(act, F.silu(gate) * up)
+    silu_fp32 = F.silu(gate.float())
+    explained = torch.zeros_like(exact)
+    for k in ulp_order(SILU_ULPS):
+        explained |= bits_equal(act, (nudged(silu_fp32, k).to(act.dtype).float() * up.float()).to(act.dtype))
+    assert explained.all(), f"{(~explained).sum().item()} outputs not explained by silu within {SILU_ULPS} ulp"
+    assert exact.float().mean() >= min_exact, f"only {exact.float().mean():.4f} bit-exact"
+
+
 # ---- compiled for real GPUs, without one ----------------------------------------------------------------------
 # The interpreter runs kernels as Python, so errors only the compiler sees (types, layouts, shared memory, TMA on
 # a GPU without it) would show up only on a GPU. Under `compiling_for_gpu` the real launchers run on meta tensors

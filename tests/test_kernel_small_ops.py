@@ -13,12 +13,12 @@ What "exact" means here (see the op modules' contracts):
     equal the torch expression with silu's fp32 value moved by at most SILU_ULPS, and nearly all exactly.
 """
 from kernel_testing import DEVICE, needs_gpu, needs_triton  # noqa: F401  (sets TRITON_INTERPRET first)
+from kernel_testing import bits_equal as same_bits, check_silu_mul, nudged, ulp_order  # noqa: E402
 
 import itertools  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from flash_dllm.kernels.add_rms_norm import (AddRMSNorm, add_rms_norm, add_rms_norm_reference,  # noqa: E402
                                              rms_norm_reference)
@@ -29,26 +29,7 @@ pytestmark = needs_triton
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 EPS = 1e-5
 FACTOR_ULPS = 4  # two differently ordered fp32 sums, then sqrt and 1/x each round: r moves ~2 ulps at most
-SILU_ULPS = 2  # the two exps differ by an ulp; 1 + exp and the division can carry that to two
 MODELS = {"llada-8b": (4096, 12288), "dream-7b": (3584, 18944)}  # d_model, MLP width F
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Elementwise bit equality (tells -0 from 0; NaN equals a NaN)."""
-    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[a.dtype]
-    return (a.view(ints) == b.view(ints)) | (a.isnan() & b.isnan())
-
-
-def nudged(x: torch.Tensor, ulps: int) -> torch.Tensor:
-    """x moved `ulps` fp32 ulps up (positive) or down."""
-    toward = torch.full_like(x, float("inf") if ulps > 0 else float("-inf"))
-    for _ in range(abs(ulps)):
-        x = torch.nextafter(x, toward)
-    return x
-
-
-def ulp_order(limit: int) -> list[int]:
-    return sorted(range(-limit, limit + 1), key=abs)
 
 
 def factor_ulps_per_row(new_residual, weight, eps, normed) -> torch.Tensor:
@@ -188,17 +169,6 @@ def test_norm_reference_is_the_engine_formula():
 def gate_up_inputs(n, f, dtype, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return (torch.randn(n, 2 * f, generator=gen) * 3).to(DEVICE, dtype)
-
-
-def check_silu_mul(gate_up, act, min_exact: float):
-    gate, up = gate_up.chunk(2, dim=-1)
-    exact = same_bits(act, F.silu(gate) * up)
-    silu_fp32 = F.silu(gate.float())
-    explained = torch.zeros_like(exact)
-    for k in ulp_order(SILU_ULPS):
-        explained |= same_bits(act, (nudged(silu_fp32, k).to(act.dtype).float() * up.float()).to(act.dtype))
-    assert explained.all(), f"{(~explained).sum().item()} outputs not explained by silu within {SILU_ULPS} ulp"
-    assert exact.float().mean() >= min_exact, f"only {exact.float().mean():.4f} bit-exact"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -28,7 +28,7 @@ SM_COUNT = {90: 132, 86: 82}  # what the split-KV and stream-K schedules size th
 TOKEN_COUNTS = (128, 4096)
 MLP_WIDTH = {"llada-8b": 12288, "dream-7b": 18944}  # intermediate_size of each model's config.json
 FAMILIES = ("fused_qkv", "scheduled_attention", "add_rms_norm", "silu_mul", "canvas_commit",
-            "threshold_select", "greedy_predict", "split_k_linear")
+            "threshold_select", "greedy_predict", "split_k_linear", "gate_up_silu")
 SPLIT_K_ROWS = (48, 128)  # a verify pass, a flash-cache step: the projections the selector may run split-K
 
 
@@ -163,6 +163,21 @@ def compile_split_k_linear(log, capability: int) -> None:
                     SplitKLauncher(config, x, weight)(x, weight)
 
 
+def compile_gate_up_silu(log, capability: int) -> None:
+    """Every config the gate/up selector would time, on the weight layout the engine keeps there ([K, 2F]
+    storage read through TMA on sm_90, rows through pointers below)."""
+    from flash_dllm.kernels._gate_up_silu_triton import GateUpLauncher, default_configs
+
+    hopper = capability >= 90
+    for model, (_, _, _, d_model, _, _) in MODELS.items():
+        for rows in SPLIT_K_ROWS:
+            log.choice = f"gate_up_silu {model} {rows} rows"
+            x = meta(rows, d_model)
+            weight = meta(d_model, 2 * MLP_WIDTH[model]).t() if hopper else meta(2 * MLP_WIDTH[model], d_model)
+            for config in default_configs(rows, tma=hopper):
+                GateUpLauncher(config, x, weight)(x, weight)
+
+
 def _ints(*shape):
     return meta(*shape, dtype=torch.int64)
 
@@ -182,6 +197,7 @@ def compile_for_gpu(capability: int):
         compile_small_ops(log, capability)
         compile_step_kernels(log, capability)
         compile_split_k_linear(log, capability)
+        compile_gate_up_silu(log, capability)
     return log
 
 

@@ -61,14 +61,23 @@ def test_attention_tile_rows_widen_only_for_many_full_budgets():
     assert attention_tile_rows(Layout((0, 1, 2, 3, 4, 5, 6, 7), (128,) * 7 + (64,))) == ATTENTION_BLOCK_M
 
 
-@pytest.mark.parametrize("family", ["llada", "dream"])
-def test_split_k_projections_give_the_same_tokens(tmp_path, family):
-    """The output and down projections as split-K partials summed by the norm (what the selector may pick on a
-    GPU) decode the same tokens as the torch path; the forced config covers every forward's rows in 16-row
-    tiles, prompt forwards included."""
-    from flash_dllm.kernels._split_k_select import COUNTERS, forced_skinny_linear
-    from flash_dllm.kernels._split_k_linear_triton import SplitKConfig
+def _forced_skinny_kernel(which: str):
+    """(the forcing context, its family's counters) of one of our skinny-GEMM ops, forced to a small config whose
+    16-row tiles cover every forward's rows, prompt forwards included."""
+    if which == "split_k":
+        from flash_dllm.kernels._split_k_linear_triton import SplitKConfig
+        from flash_dllm.kernels._split_k_select import COUNTERS, forced_skinny_linear
+        return forced_skinny_linear(SplitKConfig(16, 16, 16, 3, 2, 4, True)), COUNTERS
+    from flash_dllm.kernels._gate_up_select import COUNTERS, forced_gate_up_silu
+    from flash_dllm.kernels._gate_up_silu_triton import GateUpConfig
+    return forced_gate_up_silu(GateUpConfig(16, 16, 16, 2, 4, True)), COUNTERS
 
+
+@pytest.mark.parametrize("which", ["split_k", "gate_up"])
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_skinny_gemm_kernels_give_the_same_tokens(tmp_path, family, which):
+    """What the selectors may pick on a GPU: the output and down projections as split-K partials summed by the
+    norm, or the MLP's gate/up projection fused with its activation; either decodes the torch path's tokens."""
     folder = write_tiny_model(tmp_path, TinySpec(family=family, n_kv_heads=2 if family == "dream" else 4))
     model = load_model(folder)
     tokenizer = load_tokenizer(folder, model.config)
@@ -76,8 +85,9 @@ def test_split_k_projections_give_the_same_tokens(tmp_path, family):
     settings = GenerationSettings(method="flash-cache", gen_length=16, block_length=8, window=8, lookahead=4,
                                   track=4, threshold=0.6)
     expected = Engine(model, tokenizer, "tiny", folder, "torch").generate(prompts, settings)
-    resolutions = COUNTERS.resolutions
-    with forced_skinny_linear(SplitKConfig(16, 16, 16, 3, 2, 4, True)):
+    forcing, counters = _forced_skinny_kernel(which)
+    resolutions = counters.resolutions
+    with forcing:
         got = Engine(model, tokenizer, "tiny", folder, "triton").generate(prompts, settings)
-    assert COUNTERS.resolutions > resolutions  # the projections did go through the split-K op
+    assert counters.resolutions > resolutions  # the forward did go through the op
     assert [r.token_ids for r in got] == [r.token_ids for r in expected]
