@@ -14,7 +14,9 @@ scheduled_attention on a ragged batch of 32 (one 4096-token prefill over 4096 ke
 
 The output and down projections at a decode step's row counts (32, 48, 128): cuBLAS followed by add+RMSNorm
 against the projection op the engine runs (kernels/split_k_linear.py: the selector's choice, cuBLAS or split-K
-partials that the norm sums) followed by the same norm, and each against the weight's streaming floor.
+partials that the norm sums) followed by the same norm, and each against the weight's streaming floor; and the
+MLP's gate/up projection with its activation: cuBLAS then the activation kernel against the op the engine runs
+(kernels/gate_up_silu.py: that pair, or one fused kernel), the weight in the layout the engine keeps on this GPU.
 
 Timing: triton.testing.do_bench medians ("eager": one call per sample, L2 flushed before each, so a call
 whose Python/launch cost exceeds the flush shows that cost too) and CUDA graph replays of a loop over
@@ -44,6 +46,7 @@ from flash_dllm.kernels.fused_qkv_rope_cache import (KERNEL_PATHS, FusedQKVRopeC
                                                      read_path_request)
 from flash_dllm.kernels.add_rms_norm import AddRMSNorm
 from flash_dllm.kernels.scheduled_attention import ScheduledAttention, build_plan, scheduled_attention
+from flash_dllm.kernels.gate_up_silu import GateUpSilu
 from flash_dllm.kernels.split_k_linear import SkinnyLinear
 
 MODELS = {  # n_heads, n_kv_heads, head_dim, d_model, bias, rope theta
@@ -281,11 +284,36 @@ def bench_projections(model: str, copy_gbs: float, l2_bytes: int, device: str = 
                    vs_cublas=t_op / t_cublas, config=str(choice).replace(",", ";"))
 
 
+def bench_gate_up(model: str, copy_gbs: float, l2_bytes: int, device: str = "cuda", timer=None) -> None:
+    """timer(fn, copies) -> ms per call (default: graph_ms); device and timer are there for the CPU test."""
+    timer = timer or graph_ms
+    d_model, d_ff = MODELS[model][3], MLP_WIDTH[model]
+    op = GateUpSilu("triton")
+    transposed = device == "cuda" and torch.cuda.get_device_capability()[0] >= 9  # as Engine stores it there
+    weight_bytes = 2 * d_ff * d_model * 2
+    copies = min(16, max(2, math.ceil(4 * l2_bytes / weight_bytes)))
+    weights = [torch.randn(2 * d_ff, d_model, device=device, dtype=DTYPE) / d_model ** 0.5 for _ in range(copies)]
+    weights = [w.t().contiguous().t() if transposed else w for w in weights]
+    floor_ms = weight_bytes / copy_gbs / 1e6
+    for rows in PROJECTION_ROWS:
+        x = torch.randn(rows, d_model, device=device, dtype=DTYPE)
+        shape = f"gate_up N={rows} D_in={d_model} D_ff={d_ff}{' kn-storage' if transposed else ''}"
+        print(f"\ngate/up + activation {model} {shape} (weights rotate over {copies} copies)", flush=True)
+        for w in weights:
+            op(x, w)  # binds each weight (and, for the first, tunes the problem) before anything is timed
+        choice = op.bound_choice(x, weights[0])
+        t_cublas = timer(lambda i: op.silu_mul(F.linear(x, weights[i])), copies)
+        t_op = timer(lambda i: op(x, weights[i]), copies)
+        record("gate_up_silu", model, shape, "cublas+silu_mul[graph]", t_cublas, x_floor=t_cublas / floor_ms)
+        record("gate_up_silu", model, shape, "engine[graph]", t_op, x_floor=t_op / floor_ms,
+               vs_cublas=t_op / t_cublas, config=str(choice).replace(",", ";"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="flash-dllm-chat bench kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--csv", help="write all measurements here")
     parser.add_argument("--tokens", type=int, nargs="+", default=[128, 1024, 4096])
-    parser.add_argument("--ops", nargs="+", choices=("fused", "attention", "projections"),
+    parser.add_argument("--ops", nargs="+", choices=("fused", "attention", "projections"),  # projections: O, down, gate/up
                         default=["fused", "attention", "projections"])
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") == "1":
@@ -304,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     if "attention" in args.ops:
         cases += [(bench_attention, (model,)) for model in MODELS]
     if "projections" in args.ops:
-        cases += [(bench_projections, (model, copy_gbs, props.L2_cache_size)) for model in MODELS]
+        cases += [(bench, (model, copy_gbs, props.L2_cache_size)) for model in MODELS
+                  for bench in (bench_projections, bench_gate_up)]
     failed = 0
     for bench, case in cases:
         try:

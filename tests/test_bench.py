@@ -109,3 +109,32 @@ def test_bench_kernels_projection_case_records_both_pipelines(monkeypatch):
     assert all(r["config"] == "cublas" and r["vs_cublas"] == 1.0 for r in engine_rows)  # the interpreter's choice
     assert {r["shape"].split()[0] for r in rows} == {"o", "down"}
     assert all(r["x_floor"] > 0 for r in rows)
+
+
+def test_bench_kernels_gate_up_case_records_both_pipelines(monkeypatch):
+    """The gate/up case on the CPU (interpreted kernels, a counting timer, a small geometry): per row count one
+    cuBLAS + activation row and one row of what the engine runs, with the choice."""
+    from flash_dllm.engine import bench_kernels
+    from flash_dllm.kernels import interpreting
+
+    if not interpreting():
+        pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py)")
+    monkeypatch.setitem(bench_kernels.MODELS, "small", (4, 4, 16, 64, False, 1e4))
+    monkeypatch.setitem(bench_kernels.MLP_WIDTH, "small", 96)
+    monkeypatch.setattr(bench_kernels, "ROWS", [])
+    calls = []
+
+    def timer(fn, copies):
+        for i in range(copies):
+            fn(i)
+        calls.append(copies)
+        return 0.004
+
+    bench_kernels.bench_gate_up("small", copy_gbs=100.0, l2_bytes=1, device="cpu", timer=timer)
+    rows = bench_kernels.ROWS
+    assert len(rows) == 2 * len(bench_kernels.PROJECTION_ROWS) and len(calls) == len(rows)
+    assert {r["op"] for r in rows} == {"gate_up_silu"}
+    engine_rows = [r for r in rows if r["variant"].startswith("engine")]
+    assert all(r["config"] == "cublas" and r["vs_cublas"] == 1.0 for r in engine_rows)  # the interpreter's choice
+    floor_ms = 2 * 96 * 64 * 2 / 100.0 / 1e6  # both weights once, at the given copy bandwidth
+    assert all(r["x_floor"] == pytest.approx(0.004 / floor_ms, rel=1e-3) for r in rows)
