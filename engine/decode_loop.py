@@ -76,6 +76,7 @@ class DecodeSession:
         verify_rows = method.readout + (3 if shift else 2) * verify.cap if verify else 0
         self.cache = KVCache(model, canvas.n_slots, canvas.slot_len, scratch_per_slot=verify_rows, pool_rows=pool_rows)
         self.packer = Packer(self.cache, canvas, shift)
+        self.packer.use_kernels(backend)
         self.verifier = Verifier(VerifyLayout(self.packer, method.readout, verify.cap, shift), verify.rule) \
             if verify else None
         self.records = StepRecords(canvas, method.readout, verify.cap if verify else 0)

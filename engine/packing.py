@@ -18,6 +18,7 @@ import torch
 
 from flash_dllm.engine.device_canvas import DeviceCanvas
 from flash_dllm.engine.model import CachedStep, DiffusionLM
+from flash_dllm.kernels.pack_queries import PackConstants, PackQueries
 from flash_dllm.kernels.scheduled_attention import AttentionPlan
 
 ATTENTION_BLOCK_M = 64  # query rows per attention tile, unless attention_tile_rows picks taller ones
@@ -169,23 +170,21 @@ def attention_plan(lt: LayoutTensors, q_len: torch.Tensor, kv_start: torch.Tenso
         host_inq_start=None, score_query=score_query)
 
 
-def _scatter_flat(n_rows: int, fill, target: torch.Tensor, values: torch.Tensor, dtype) -> torch.Tensor:
-    """A [n_rows] tensor filled with `fill`, with out[target] = values (target == n_rows drops a value)."""
-    out = torch.full((n_rows + 1,), fill, dtype=dtype, device=target.device)
-    out.scatter_(0, target.reshape(-1), values.reshape(-1).to(dtype))
-    return out[:n_rows]
-
-
 class Packer:
     """Packs QueryPlans of one decode call into forwards; keeps each layout's constant tensors."""
 
     def __init__(self, cache: KVCache, canvas: DeviceCanvas, shift: bool):
         self.cache, self.canvas, self.shift = cache, canvas, shift
         # what a packed row holds where no position lands: [MASK], position 0, K/V written to the trash row
-        self._row_fill = torch.tensor([[canvas.mask_id], [0], [cache.trash_row]], dtype=torch.int64,
-                                      device=canvas.answer.device)
+        self.constants = PackConstants(mask_id=canvas.mask_id, trash_row=cache.trash_row, shift=shift)
+        self.pack_queries = PackQueries("torch")
         self._layouts: dict[Layout, LayoutTensors] = {}
         self._assigned: dict[Layout, list[int]] = {}
+
+    def use_kernels(self, backend: str) -> None:
+        """Pack with the Triton kernel ("triton") or its tensor-operation reference ("torch")."""
+        if backend != self.pack_queries.backend:
+            self.pack_queries = PackQueries(backend)
 
     def assign(self, layout: Layout, slots: list[int]) -> None:
         """Fill a dynamic layout's places with these slots (in place, ordered on the stream before the step).
@@ -200,35 +199,14 @@ class Packer:
         return self._layouts[layout]
 
     def pack(self, plan: QueryPlan, layout: Layout, mask_prompt: bool = False) -> CachedStep:
-        """The packed forward of `layout`'s slots (see the module docstring). Readout rows come in the order
-        [slot of the layout][candidate j], one per plan.cells entry (rows of absent cells are junk)."""
+        """The packed forward of `layout`'s slots (see the module docstring; kernels/pack_queries.py does it, in
+        one launch on a GPU). Readout rows come in the order [slot of the layout][candidate j], one per
+        plan.cells entry (rows of absent cells are junk)."""
         canvas, cache, lt = self.canvas, self.cache, self.tensors(layout)
-        pick = (lambda t: t) if lt.all_slots else (lambda t: t.index_select(0, lt.index))
-        L, n_rows = cache.slot_len, layout.rows
-        in_query = pick(plan.in_query)
-        rank = torch.cumsum(in_query.long(), 1) - 1
-        in_query = in_query & (rank < lt.budgets)
-        row_of = lt.offsets + rank  # [n, L] packed row of each position (meaningful where in_query)
-        target = torch.where(in_query, row_of, n_rows)
-        position = canvas.positions.expand_as(row_of)
-        tokens = pick(canvas.tokens)[:, :L]
-        prompt_len = pick(canvas.prompt_len)
-        if mask_prompt:  # classifier-free guidance's unconditional branch: the prompt replaced by [MASK]
-            tokens = torch.where(position < prompt_len[:, None], canvas.mask_id, tokens)
-        base = pick(cache.row_base)
-        # token ids, positions and cache rows of the packed rows: one scatter for the three
-        rows = self._row_fill.expand(3, n_rows + 1).clone()
-        values = torch.stack([tokens, position, base[:, None] + position]).reshape(3, -1)
-        rows.scatter_(1, target.reshape(1, -1).expand(3, -1), values)
-        token_ids, positions, write_rows = rows[0, :n_rows], rows[1, :n_rows], rows[2, :n_rows]
-        score_query = None
-        if plan.scored is not None:
-            score_query = _scatter_flat(n_rows, False, target, pick(plan.scored), torch.bool)
-        cells = pick(plan.cells)
-        read_pos = (prompt_len[:, None] + cells - (1 if self.shift else 0)).clamp(0, L - 1)
-        readable = (cells >= 0) & in_query.gather(1, read_pos)  # a retired slot's cells are in no query
-        hidden_rows = torch.where(readable, row_of.gather(1, read_pos), lt.offsets).reshape(-1)
-        attention = attention_plan(lt, in_query.sum(1), base, pick(canvas.total_len()), L,
-                                   score_query=score_query)
-        return CachedStep(token_ids=token_ids, positions=positions, write_rows=write_rows, plan=attention,
-                          hidden_rows=hidden_rows)
+        packed = self.pack_queries(plan.in_query, canvas.tokens, canvas.prompt_len, cache.row_base,
+                                   canvas.total_len(), plan.cells, plan.scored, None if lt.all_slots else lt.index,
+                                   lt.offsets.view(-1), lt.budgets.view(-1), layout.rows, self.constants, mask_prompt)
+        attention = attention_plan(lt, packed.q_len, packed.kv_start, packed.kv_len, cache.slot_len,
+                                   score_query=packed.score_query)
+        return CachedStep(token_ids=packed.token_ids, positions=packed.positions, write_rows=packed.write_rows,
+                          plan=attention, hidden_rows=packed.hidden_rows)

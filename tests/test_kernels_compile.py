@@ -28,7 +28,7 @@ SM_COUNT = {90: 132, 86: 82}  # what the split-KV and stream-K schedules size th
 TOKEN_COUNTS = (128, 4096)
 MLP_WIDTH = {"llada-8b": 12288, "dream-7b": 18944}  # intermediate_size of each model's config.json
 FAMILIES = ("fused_qkv", "scheduled_attention", "add_rms_norm", "silu_mul", "canvas_commit",
-            "threshold_select", "greedy_predict", "split_k_linear", "gate_up_silu")
+            "threshold_select", "greedy_predict", "split_k_linear", "gate_up_silu", "pack_queries")
 SPLIT_K_ROWS = (48, 128)  # a verify pass, a flash-cache step: the projections the selector may run split-K
 
 
@@ -131,7 +131,9 @@ def compile_step_kernels(log, capability: int) -> None:
     LLaDA's vocabulary, at batch 1 and 32."""
     from flash_dllm.kernels._canvas_commit_triton import canvas_commit_triton
     from flash_dllm.kernels._greedy_predict_triton import greedy_predict_triton
+    from flash_dllm.kernels._pack_queries_triton import pack_queries_triton
     from flash_dllm.kernels._threshold_select_triton import threshold_select_triton
+    from flash_dllm.kernels.pack_queries import PackConstants
 
     for model in MODELS:
         for n_tokens in TOKEN_COUNTS:
@@ -147,6 +149,10 @@ def compile_step_kernels(log, capability: int) -> None:
                                     meta(S, dtype=torch.float64), 126336)
             log.choice = f"greedy_predict {model} {n_tokens} tokens"  # the window's logits; LLaDA's vocabulary
             greedy_predict_triton(meta(16 * S, 126464), 126336, _ints(16 * S))
+            log.choice = f"pack_queries {model} {n_tokens} tokens"  # a flash-cache step: 128 rows of 1,400
+            constants = PackConstants(126336, 0, shift=model == "dream-7b")
+            pack_queries_triton(_flags(S, 1400), _ints(S, 1401), _ints(S), _ints(S), _ints(S), _ints(S, 16),
+                                _flags(S, 1400), None, _ints(S), _ints(S), 128 * S, constants)
 
 
 def compile_split_k_linear(log, capability: int) -> None:
