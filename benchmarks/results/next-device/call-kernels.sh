@@ -1,5 +1,5 @@
 #!/bin/bash
-# Written in the ninth session, for a device call after call-split-k.sh: the kernel tables at a decode step's
+# Written in the ninth session, for a device call after call-skinny-gemm.sh: the kernel tables at a decode step's
 # row counts. (1) Is the fused QKV tuner's stored choice the fastest path at 32/48/128 rows? Since choices are
 # kept on disk, one unlucky timing is kept for every later process: a suspect for fast-dllm's 32-row step
 # being 1.7 % slower on the H200 than on 2026-12-05. (2) The projections the engine may run split-K, against
