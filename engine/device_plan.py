@@ -24,34 +24,12 @@ import torch
 from flash_dllm.engine.device_canvas import NOT_NEW, DeviceCanvas
 from flash_dllm.engine.packing import QueryPlan
 from flash_dllm.engine.sampling import Predictions, predict
+from flash_dllm.kernels import flash_cache_plan
+from flash_dllm.kernels.flash_cache_plan import FlashCachePlanOp, PlanShape, first_cells  # noqa: F401 (re-export)
 from flash_dllm.kernels.greedy_predict import GreedyPredict
 from flash_dllm.kernels.threshold_select import ThresholdSelect, ensure_progress_reference
 
-# Tracked-position priorities are float32 (exact integers below 2 ** 24): a float top-k on CUDA runs half the
-# radix passes of an int64 one. Newly committed cells rank by commit order (< the answer width), then the i-th
-# most attended position at _ATTENDED + i, then _FAR: never tracked.
-_ATTENDED = 1 << 22
-_FAR = float(1 << 23)
-
-
-def first_cells(mask: torch.Tensor, count: int) -> torch.Tensor:
-    """[S, count] the first `count` cells where mask is True, ascending, -1 where there are fewer."""
-    rank = torch.cumsum(mask.long(), 1) - 1
-    target = torch.where(mask & (rank < count), rank, count)
-    out = torch.full((mask.shape[0], count + 1), -1, dtype=torch.int64, device=mask.device)
-    out.scatter_(1, target, torch.arange(mask.shape[1], device=mask.device).expand_as(target))
-    return out[:, :count]
-
-
-def flags_at(positions: torch.Tensor, width: int) -> torch.Tensor:
-    """[S, width + 1] bool, True at every entry of positions [S, K] (values in [0, width]; `width` = none, and
-    column `width` is a dump the caller slices off). `set_flags` adds more positions in place."""
-    out = torch.zeros((positions.shape[0], width + 1), dtype=torch.bool, device=positions.device)
-    return set_flags(out, positions)
-
-
-def set_flags(flags: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    return flags.scatter_(1, positions, True)
+assert flash_cache_plan.NOT_NEW == NOT_NEW, "the plan kernel reads the canvas's newly_rank"
 
 
 def ensure_progress(cells: torch.Tensor, preds: Predictions, chosen: torch.Tensor, mask_id: int) -> torch.Tensor:
@@ -84,11 +62,6 @@ def top_k_select(cells: torch.Tensor, confidences: torch.Tensor, quota: torch.Te
     positions = torch.arange(order.shape[1], device=order.device).expand_as(order)
     rank = torch.empty_like(order).scatter_(1, order, positions)
     return valid & (rank < quota[:, None])
-
-
-def p0_cells(canvas: DeviceCanvas) -> torch.Tensor:
-    """[S, G] the position of every answer cell."""
-    return canvas.prompt_len[:, None] + canvas.cells()
 
 
 class DeviceMethod:
@@ -139,7 +112,8 @@ class DeviceMethod:
 
 
 class FlashCache(DeviceMethod):
-    """Sliding masked window + look-ahead masks + tracked decoded tokens (engine/refresh.py:FlashCachePolicy)."""
+    """Sliding masked window + look-ahead masks + tracked decoded tokens (engine/refresh.py:FlashCachePolicy).
+    Its plan is one op (kernels/flash_cache_plan.py: one kernel launch on a GPU)."""
 
     tracks_attention = True
 
@@ -150,10 +124,14 @@ class FlashCache(DeviceMethod):
         self.readout = window
         self.attended = torch.full((canvas.n_slots, max(min(track, L), 1)), -1, dtype=torch.int64,
                                    device=canvas.tokens.device)
-        assert canvas.width < _ATTENDED and self.attended.shape[1] < _FAR - _ATTENDED, "priorities must stay exact"
-        self._attended_rank = (torch.arange(self.attended.shape[1], dtype=torch.float32, device=canvas.tokens.device)
-                               + _ATTENDED).expand_as(self.attended).contiguous()
+        self.shape = PlanShape(window=window, lookahead=lookahead, track=track, shift=shift, slot_len=L)
+        self.plan_op = FlashCachePlanOp("torch")
         self.tracks_attention = track > 0
+
+    def use_kernels(self, backend: str) -> None:
+        super().use_kernels(backend)
+        if self.plan_op.backend != backend:
+            self.plan_op = FlashCachePlanOp(backend)
 
     def reset(self, canvas: DeviceCanvas) -> None:
         self.attended.fill_(-1)
@@ -162,42 +140,10 @@ class FlashCache(DeviceMethod):
         self.attended[slot] = -1
 
     def plan(self, canvas: DeviceCanvas) -> QueryPlan:
-        # Position sets are built as [S, L + 1] flags scattered at positions (L = none), one kernel per set.
-        L, p0 = canvas.slot_len, canvas.prompt_len[:, None]
-        masked = canvas.masked()
-        ahead_and_window = first_cells(masked, self.window + self.lookahead)
-        window = ahead_and_window[:, : self.window]
-        at = torch.where(ahead_and_window >= 0, p0 + ahead_and_window, L)
-        if self.shift:  # Dream reads cell c's logits at position c - 1 (none before position 0)
-            before = p0 + window - 1
-            at = torch.cat([at, torch.where((window >= 0) & (before >= 0), before, L)], dim=1)
-        chosen = flags_at(at, L)
-        if self.track > 0:
-            set_flags(chosen, self._tracked(canvas, chosen[:, :L]))
-        chosen = chosen[:, :L]
-        if self.track < 0:
-            in_query = canvas.positions < canvas.total_len()[:, None]
-        else:  # a sequence's first step reads everything
-            everything = canvas.positions < canvas.total_len()[:, None]
-            in_query = torch.where((canvas.steps == 0)[:, None], everything, chosen)
-        scored = None
-        if self.tracks_attention:
-            scored = flags_at(torch.where(window >= 0, p0 + window, L), L)[:, :L]
-        return QueryPlan(in_query=in_query & canvas.active[:, None], cells=window, scored=scored)
-
-    def _tracked(self, canvas: DeviceCanvas, chosen: torch.Tensor) -> torch.Tensor:
-        """[S, track] positions (L = none): the `track` positions of highest priority outside `chosen`, the
-        previous step's commits in commit order, then the decoded positions the window attended to most in the
-        previous step."""
-        S, L = chosen.shape
-        prio = torch.full((S, L + 1), _FAR, dtype=torch.float32, device=chosen.device)
-        prio.scatter_(1, torch.where(self.attended >= 0, self.attended, L), self._attended_rank)
-        new_pos = torch.where(canvas.newly_rank < NOT_NEW, p0_cells(canvas), L)  # others land in the dump column
-        prio.scatter_(1, new_pos, canvas.newly_rank.to(torch.float32))
-        prio = prio[:, :L].masked_fill(chosen, _FAR)
-        # unsorted: the caller only sets flags at these positions
-        values, index = torch.topk(prio, min(self.track, L), dim=1, largest=False, sorted=False)
-        return torch.where(values < _FAR, index, L)
+        plan = self.plan_op(canvas.answer, canvas.newly_rank, self.attended, canvas.prompt_len, canvas.gen_len,
+                            canvas.end, canvas.official_end, canvas.steps, canvas.max_steps, canvas.active,
+                            self.shape)
+        return QueryPlan(in_query=plan.in_query, cells=plan.cells, scored=plan.scored)
 
     def note_attention(self, canvas: DeviceCanvas, scores: torch.Tensor) -> None:
         """Rank the decoded positions (prompt, committed cells) by the attention mass the window gave them."""

@@ -28,7 +28,8 @@ SM_COUNT = {90: 132, 86: 82}  # what the split-KV and stream-K schedules size th
 TOKEN_COUNTS = (128, 4096)
 MLP_WIDTH = {"llada-8b": 12288, "dream-7b": 18944}  # intermediate_size of each model's config.json
 FAMILIES = ("fused_qkv", "scheduled_attention", "add_rms_norm", "silu_mul", "canvas_commit",
-            "threshold_select", "greedy_predict", "split_k_linear", "gate_up_silu", "pack_queries")
+            "threshold_select", "greedy_predict", "split_k_linear", "gate_up_silu", "pack_queries",
+            "flash_cache_plan")
 SPLIT_K_ROWS = (48, 128)  # a verify pass, a flash-cache step: the projections the selector may run split-K
 
 
@@ -130,6 +131,8 @@ def compile_step_kernels(log, capability: int) -> None:
     names the choice: these kernels have no model dimension): 16 window candidates over a 512-cell answer and
     LLaDA's vocabulary, at batch 1 and 32."""
     from flash_dllm.kernels._canvas_commit_triton import canvas_commit_triton
+    from flash_dllm.kernels._flash_cache_plan_triton import flash_cache_plan_triton
+    from flash_dllm.kernels.flash_cache_plan import PlanShape
     from flash_dllm.kernels._greedy_predict_triton import greedy_predict_triton
     from flash_dllm.kernels._pack_queries_triton import pack_queries_triton
     from flash_dllm.kernels._threshold_select_triton import threshold_select_triton
@@ -153,6 +156,10 @@ def compile_step_kernels(log, capability: int) -> None:
             constants = PackConstants(126336, 0, shift=model == "dream-7b")
             pack_queries_triton(_flags(S, 1400), _ints(S, 1401), _ints(S), _ints(S), _ints(S), _ints(S, 16),
                                 _flags(S, 1400), None, _ints(S), _ints(S), 128 * S, constants)
+            log.choice = f"flash_cache_plan {model} {n_tokens} tokens"  # window 16, look-ahead 48, track 64
+            shape = PlanShape(16, 48, 64, shift=model == "dream-7b", slot_len=1400)
+            flash_cache_plan_triton(_ints(S, 512), _ints(S, 512), _ints(S, 64), _ints(S), _ints(S), _ints(S),
+                                    _flags(S), _ints(S), _ints(S), _flags(S), shape)
 
 
 def compile_split_k_linear(log, capability: int) -> None:

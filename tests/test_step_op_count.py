@@ -4,8 +4,8 @@ At batch 1 on a GPU each small kernel costs a few microseconds of launch and tai
 a step is a few milliseconds: the bookkeeping around the forward (plan, predictions, commit, record) was about
 280 kernels for flash-cache and 450 for flash-verify before the commit became one kernel. This counts the
 operations that reach the dispatcher (views excluded) during one steady step on the CPU, each of the step's
-Triton kernels as its launches (commit, threshold select, greedy predictions, query packing), and holds each
-method under its budget so that the count only goes down. `-s` prints the counts.
+Triton kernels as its launches (commit, threshold select, greedy predictions, query packing, Flash-Cache's
+plan), and holds each method under its budget so that the count only goes down. `-s` prints the counts.
 """
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from flash_dllm.engine import decode_loop
 from flash_dllm.engine.engine import Engine
 from flash_dllm.engine.settings import GenerationSettings
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
-from flash_dllm.kernels import canvas_commit, greedy_predict, pack_queries, threshold_select
+from flash_dllm.kernels import canvas_commit, flash_cache_plan, greedy_predict, pack_queries, threshold_select
 
 # what views cost: no kernel
 VIEWS = {"view", "unsqueeze", "slice", "select", "expand", "t", "_unsafe_view", "transpose", "split",
          "split_with_sizes", "alias", "as_strided", "squeeze", "permute", "unbind", "lift_fresh",
          "_local_scalar_dense", "detach"}
 # The budgets: the counts at the time of writing (torch 2.13, CPU), per method. Lower them when they fall.
-BUDGETS = {"flash-cache": 104, "flash-verify": 194, "fast-dllm": 100, "llada": 104}
+BUDGETS = {"flash-cache": 53, "flash-verify": 143, "fast-dllm": 100, "llada": 104}
 METHODS = {"flash-cache": {}, "flash-verify": dict(gamma=0.5), "fast-dllm": dict(cache_mode="dual"), "llada": {}}
 
 
@@ -44,12 +44,13 @@ class _Count(TorchDispatchMode):
 
 def count_step_ops(engine: Engine, settings: GenerationSettings, step: int) -> collections.Counter:
     """Operations of decode step `step` (0 = the first) outside the model's forward and head; each of the
-    step's own kernels counts its launches (commit, threshold select and packing one, greedy predictions two)."""
+    step's own kernels counts its launches (commit, threshold select, packing and plan one, greedy predictions two)."""
     counts: list[_Count] = []
     forward, head, step_fn = decode_loop.forward_cached, decode_loop.lm_logits, decode_loop.DecodeSession.step
     commit_call, select_call = canvas_commit.CanvasCommit.__call__, threshold_select.ThresholdSelect.__call__
     predict_call = greedy_predict.GreedyPredict.__call__
     pack_call = pack_queries.PackQueries.__call__
+    plan_call = flash_cache_plan.FlashCachePlanOp.__call__
 
     def counted_step(self, layouts):
         with _Count() as mode:
@@ -78,6 +79,7 @@ def count_step_ops(engine: Engine, settings: GenerationSettings, step: int) -> c
         patch.setattr(threshold_select.ThresholdSelect, "__call__", paused(select_call, "threshold_select"))
         patch.setattr(greedy_predict.GreedyPredict, "__call__", paused(predict_call, "greedy_predict", launches=2))
         patch.setattr(pack_queries.PackQueries, "__call__", paused(pack_call, "pack_queries"))
+        patch.setattr(flash_cache_plan.FlashCachePlanOp, "__call__", paused(plan_call, "flash_cache_plan"))
         engine.generate(["What is 7 + 5?"], settings)
     assert len(counts) > step, f"only {len(counts)} steps"
     return counts[step].ops

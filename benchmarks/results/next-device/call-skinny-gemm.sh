@@ -8,7 +8,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout 360 python3 benchmarks/results/next-device/skinny_gemm_ab.py 2 llada-8b flash-cache:1,flash-verify:1,fast-dllm:1 \
   2>&1 | grep -v Warning | tee $OUT/skinny-gemm-ab-llada.txt; el
 timeout $((570 - SECONDS)) python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_kernel_split_k_linear.py \
-  tests/test_kernel_gate_up_silu.py tests/test_kernel_pack_queries.py \
+  tests/test_kernel_gate_up_silu.py tests/test_kernel_pack_queries.py tests/test_kernel_flash_cache_plan.py \
   "tests/test_device_decoder.py::test_cuda_graph_replay_equals_eager_on_tiny_models" \
   "tests/test_device_decoder.py::test_cuda_graph_replay_equals_eager_at_full_geometry" \
   2>&1 | tail -12 | tee $OUT/skinny-gemm-tests.txt; el
