@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from . import _gate_up_silu_triton, _silu_mul_triton, interpreting
 from ._fused_qkv_common import m_bucket, tma_available
 from ._gate_up_silu_triton import GateUpLauncher, default_configs, kn_storage
-from ._tuned_choice import CUBLAS, REQUESTS, BoundLaunchers, Family, read_request
+from ._tuned_choice import CUBLAS, Family, TunedOp
 from ._tuning_store import device_description, source_digest
 
 CHECK_TOLERANCE = 2e-2  # of the activation's largest magnitude: a gate/up value one bf16 ulp apart moves it ~1e-2
@@ -50,26 +50,23 @@ def _bind(choice, x: torch.Tensor, weight: torch.Tensor):
     return GateUpLauncher(choice, x, weight)
 
 
-class GateUpSiluTriton:
+class GateUpSiluTriton(TunedOp):
     """The GPU side of one GateUpSilu op (launchers bound per x shape and weight: `BoundLaunchers`)."""
 
     def __init__(self, silu_mul, request: str | None = None):
         self.silu_mul = silu_mul
-        self.request = read_request() if request is None else request
-        if self.request not in REQUESTS:
-            raise ValueError(f"unknown projection path {self.request!r}; choose one of: {', '.join(REQUESTS)}")
-        self._launchers = BoundLaunchers(FAMILY, gate_up_problem_key, self._choose, _bind)
+        super().__init__(FAMILY, gate_up_problem_key, _bind, request)
 
-    def _unfused(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def fallback(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return self.silu_mul(F.linear(x, weight))
 
     def _timed(self, launcher, x: torch.Tensor, weight: torch.Tensor) -> Callable[[], None]:
         if launcher is None:
-            return lambda: self._unfused(x, weight)
+            return lambda: self.fallback(x, weight)
         act = torch.empty(launcher.act_shape, device=x.device, dtype=x.dtype)
         return lambda: launcher(x, weight, act)
 
-    def _choose(self, key: tuple, x: torch.Tensor, weight: torch.Tensor):
+    def choose(self, key: tuple, x: torch.Tensor, weight: torch.Tensor):
         device, *problem = key
         sources = [module.__file__ for module in (_gate_up_silu_triton, _silu_mul_triton)]  # both are timed
         parts = [device_description(device), source_digest(*sources), repr(tuple(problem))]
@@ -82,19 +79,10 @@ class GateUpSiluTriton:
         def verify(launcher) -> bool:
             nonlocal expected
             if expected is None:
-                expected = self._unfused(x, weight).float()
+                expected = self.fallback(x, weight).float()
             return FAMILY.agrees(launcher(x, weight), expected, CHECK_TOLERANCE,
                                  f"{launcher.config} on a [{x.shape[0]}, {weight.shape[0]}, {weight.shape[1]}] "
                                  "problem")
 
         return FAMILY.choose(parts, candidates, lambda c: _bind(c, x, weight), verify,
                              lambda launcher: self._timed(launcher, x, weight))
-
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 0:
-            return self._unfused(x, weight)
-        launcher = self._launchers.launcher(x, weight, self.request)
-        return self._unfused(x, weight) if launcher is None else launcher(x, weight)
-
-    def bound_choice(self, x: torch.Tensor, weight: torch.Tensor):
-        return self._launchers.bound_choice(x, weight)

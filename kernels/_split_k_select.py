@@ -23,7 +23,7 @@ from . import _add_rms_norm_triton, _split_k_linear_triton
 from ._add_rms_norm_triton import add_rms_norm_triton
 from ._fused_qkv_common import m_bucket, tma_available
 from ._split_k_linear_triton import SplitKLauncher, default_configs
-from ._tuned_choice import CUBLAS, REQUEST_ENV, REQUESTS, BoundLaunchers, Family, read_request  # noqa: F401
+from ._tuned_choice import CUBLAS, REQUEST_ENV, REQUESTS, Family, TunedOp, read_request  # noqa: F401
 from ._tuning_store import device_description, source_digest
 from . import interpreting
 
@@ -93,21 +93,14 @@ def _choose(key: tuple, x: torch.Tensor, weight: torch.Tensor, request: str):
                          lambda launcher: _with_norm(launcher, x, weight))
 
 
-class SkinnyLinearTriton:
+class SkinnyLinearTriton(TunedOp):
     """The GPU side of one SkinnyLinear op (launchers bound per x shape and weight: `BoundLaunchers`)."""
 
     def __init__(self, request: str | None = None):
-        self.request = read_request() if request is None else request
-        if self.request not in REQUESTS:
-            raise ValueError(f"unknown projection path {self.request!r}; choose one of: {', '.join(REQUESTS)}")
-        self._launchers = BoundLaunchers(FAMILY, skinny_linear_problem_key,
-                                         lambda key, x, w: _choose(key, x, w, self.request), _bind)
+        super().__init__(FAMILY, skinny_linear_problem_key, _bind, request)
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 0:
-            return F.linear(x, weight)
-        launcher = self._launchers.launcher(x, weight, self.request)
-        return F.linear(x, weight) if launcher is None else launcher(x, weight)
+    def fallback(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, weight)
 
-    def bound_choice(self, x: torch.Tensor, weight: torch.Tensor):
-        return self._launchers.bound_choice(x, weight)
+    def choose(self, key: tuple, x: torch.Tensor, weight: torch.Tensor):
+        return _choose(key, x, weight, self.request)

@@ -180,3 +180,30 @@ class BoundLaunchers:
             return None
         launcher = launchers[w_key]
         return CUBLAS if launcher is None else launcher.config
+
+
+class TunedOp:
+    """The GPU side of one op: cuBLAS's path (`fallback`, also for empty calls) or the bound launcher of the
+    problem's choice. Subclasses give `fallback(x, weight)` and `choose(key, x, weight)`; `bind` makes a choice's
+    launcher (None for cuBLAS). The projection request (FLASH_DLLM_PROJECTIONS) is read once, here."""
+
+    def __init__(self, family: Family, problem_key: Callable, bind: Callable, request: str | None = None):
+        self.request = read_request() if request is None else request
+        if self.request not in REQUESTS:
+            raise ValueError(f"unknown projection path {self.request!r}; choose one of: {', '.join(REQUESTS)}")
+        self._launchers = BoundLaunchers(family, problem_key, self.choose, bind)
+
+    def fallback(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def choose(self, key: tuple, x: torch.Tensor, weight: torch.Tensor):
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:
+            return self.fallback(x, weight)
+        launcher = self._launchers.launcher(x, weight, self.request)
+        return self.fallback(x, weight) if launcher is None else launcher(x, weight)
+
+    def bound_choice(self, x: torch.Tensor, weight: torch.Tensor):
+        return self._launchers.bound_choice(x, weight)
