@@ -105,7 +105,7 @@ class DecodeSession:
             self.cache.scores.zero_()
         preds = self._draft(plan, layouts)
         if plan.scored is not None:
-            method.note_attention(canvas, self.cache.slot_scores())
+            method.note_attention(canvas, self.cache)
         chosen = method.select(canvas, plan, preds)
         canvas.forward_passes += was_active.long() * method.forwards_per_step
         canvas.begin_step()

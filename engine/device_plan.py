@@ -8,7 +8,7 @@ the host, and a step can be captured once and replayed as a CUDA graph.
 Per step, in this order (engine/decode_loop.py owns the loop):
     plan(canvas) -> QueryPlan         reads the canvas and what the previous step left (commits, attention)
     forward, predictions at plan.cells
-    note_attention(canvas, scores)    Flash-Cache only: rank decoded positions by this step's attention mass
+    note_attention(canvas, cache)     Flash-Cache only: rank decoded positions by this step's attention mass
     predict(logits, temperature, keys) the step's predictions at plan.cells (method-specific confidence)
     select(canvas, plan, preds)       [S, R] bool, which candidate cells to commit (threshold rules may swap
                                       in a fallback token where every chosen cell predicted [MASK])
@@ -27,6 +27,7 @@ from flash_dllm.engine.sampling import Predictions, predict
 from flash_dllm.kernels import flash_cache_plan
 from flash_dllm.kernels.flash_cache_plan import FlashCachePlanOp, PlanShape, first_cells  # noqa: F401 (re-export)
 from flash_dllm.kernels.greedy_predict import GreedyPredict
+from flash_dllm.kernels.rank_attended import RankAttended
 from flash_dllm.kernels.threshold_select import ThresholdSelect, ensure_progress_reference
 
 assert flash_cache_plan.NOT_NEW == NOT_NEW, "the plan kernel reads the canvas's newly_rank"
@@ -104,8 +105,8 @@ class DeviceMethod:
     def full_next(self, canvas: DeviceCanvas) -> torch.Tensor:
         return torch.zeros_like(canvas.active)
 
-    def note_attention(self, canvas: DeviceCanvas, scores: torch.Tensor) -> None:
-        pass
+    def note_attention(self, canvas: DeviceCanvas, cache) -> None:
+        """cache: the step's KVCache (its `scores`, attention mass per pool row, and `row_base`)."""
 
     def end_step(self, canvas: DeviceCanvas) -> None:
         pass
@@ -125,13 +126,13 @@ class FlashCache(DeviceMethod):
         self.attended = torch.full((canvas.n_slots, max(min(track, L), 1)), -1, dtype=torch.int64,
                                    device=canvas.tokens.device)
         self.shape = PlanShape(window=window, lookahead=lookahead, track=track, shift=shift, slot_len=L)
-        self.plan_op = FlashCachePlanOp("torch")
+        self.plan_op, self.rank_op = FlashCachePlanOp("torch"), RankAttended("torch")
         self.tracks_attention = track > 0
 
     def use_kernels(self, backend: str) -> None:
         super().use_kernels(backend)
         if self.plan_op.backend != backend:
-            self.plan_op = FlashCachePlanOp(backend)
+            self.plan_op, self.rank_op = FlashCachePlanOp(backend), RankAttended(backend)
 
     def reset(self, canvas: DeviceCanvas) -> None:
         self.attended.fill_(-1)
@@ -145,18 +146,12 @@ class FlashCache(DeviceMethod):
                             self.shape)
         return QueryPlan(in_query=plan.in_query, cells=plan.cells, scored=plan.scored)
 
-    def note_attention(self, canvas: DeviceCanvas, scores: torch.Tensor) -> None:
-        """Rank the decoded positions (prompt, committed cells) by the attention mass the window gave them."""
-        if self.track <= 0:
-            return
-        L = canvas.slot_len
-        position = canvas.positions
-        cell = (position - canvas.prompt_len[:, None]).clamp(0, canvas.width - 1)
-        committed = canvas.answer.gather(1, cell) >= 0
-        eligible = (position < canvas.prompt_len[:, None]) | (committed & (position < canvas.total_len()[:, None]))
-        values, index = torch.topk(scores.masked_fill(~eligible, float("-inf")), min(self.track, L), dim=1)
-        kept = torch.where(values != float("-inf"), index, -1)
-        self.attended.copy_(torch.where(canvas.active[:, None], kept, self.attended))
+    def note_attention(self, canvas: DeviceCanvas, cache) -> None:
+        """Rank the decoded positions (prompt, committed cells) by the attention mass the window gave them
+        (kernels/rank_attended.py: one kernel launch on a GPU)."""
+        if self.track > 0:
+            self.rank_op(cache.scores, cache.row_base, canvas.prompt_len, canvas.gen_len, canvas.answer,
+                         canvas.active, self.attended, canvas.slot_len)
 
     def select(self, canvas: DeviceCanvas, plan: QueryPlan, preds: Predictions) -> torch.Tensor:
         return select_by_threshold(self.threshold_kernel, canvas, plan.cells, preds)

@@ -109,8 +109,10 @@ class FlashCachePolicy:
             eligible[state.index, : state.prompt_len] = True
             answer = torch.tensor(state.answer, dtype=torch.long) >= 0
             eligible[state.index, state.prompt_len: state.total_len] = answer
-        values, index = torch.topk(scores.masked_fill(~eligible.to(scores.device), float("-inf")),
-                                   min(self.track, scores.shape[1]), dim=1)
+        # a stable sort: ties go to the lower position on every device (torch.topk leaves them unspecified)
+        values, index = torch.sort(scores.masked_fill(~eligible.to(scores.device), float("-inf")), dim=1,
+                                   descending=True, stable=True)
+        values, index = values[:, : self.track], index[:, : self.track]
         for state in states:
             vals, idx = values[state.index].tolist(), index[state.index].tolist()
             self.most_attended[state.index] = [p for v, p in zip(vals, idx) if v != float("-inf")]

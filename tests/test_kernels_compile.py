@@ -29,7 +29,7 @@ TOKEN_COUNTS = (128, 4096)
 MLP_WIDTH = {"llada-8b": 12288, "dream-7b": 18944}  # intermediate_size of each model's config.json
 FAMILIES = ("fused_qkv", "scheduled_attention", "add_rms_norm", "silu_mul", "canvas_commit",
             "threshold_select", "greedy_predict", "split_k_linear", "gate_up_silu", "pack_queries",
-            "flash_cache_plan")
+            "flash_cache_plan", "rank_attended")
 SPLIT_K_ROWS = (48, 128)  # a verify pass, a flash-cache step: the projections the selector may run split-K
 
 
@@ -135,6 +135,7 @@ def compile_step_kernels(log, capability: int) -> None:
     from flash_dllm.kernels.flash_cache_plan import PlanShape
     from flash_dllm.kernels._greedy_predict_triton import greedy_predict_triton
     from flash_dllm.kernels._pack_queries_triton import pack_queries_triton
+    from flash_dllm.kernels._rank_attended_triton import rank_attended_triton
     from flash_dllm.kernels._threshold_select_triton import threshold_select_triton
     from flash_dllm.kernels.pack_queries import PackConstants
 
@@ -160,6 +161,9 @@ def compile_step_kernels(log, capability: int) -> None:
             shape = PlanShape(16, 48, 64, shift=model == "dream-7b", slot_len=1400)
             flash_cache_plan_triton(_ints(S, 512), _ints(S, 512), _ints(S, 64), _ints(S), _ints(S), _ints(S),
                                     _flags(S), _ints(S), _ints(S), _flags(S), shape)
+            log.choice = f"rank_attended {model} {n_tokens} tokens"  # 64 tracked of 1,400 positions
+            rank_attended_triton(meta(1400 * S, dtype=torch.float32), _ints(S), _ints(S), _ints(S), _ints(S, 512),
+                                 _flags(S), _ints(S, 64), 1400)
 
 
 def compile_split_k_linear(log, capability: int) -> None:

@@ -109,7 +109,8 @@ def test_canvas_tokens_and_done_agree_with_their_per_cell_definitions():
 
 def test_flash_cache_tracks_the_decoded_positions_the_window_attended_most():
     """note_attention against a plain ranking: per sequence (slots in any order), eligible = prompt positions
-    and committed cells; the `track` highest attention masses, highest first; masked cells never."""
+    and committed cells; the `track` highest attention masses, highest first, ties to the lower position;
+    masked cells never."""
     planner = FlashCachePolicy(lookahead=4, track=5, shift=False)
     rng = random.Random(3)
     states = []
@@ -120,7 +121,7 @@ def test_flash_cache_tracks_the_decoded_positions_the_window_attended_most():
         states.append(s)
     slot_len = 16
     gen = torch.Generator().manual_seed(0)
-    scores = torch.rand(3, slot_len, generator=gen)
+    scores = torch.randint(0, 4, (3, slot_len), generator=gen).float()  # many ties: the lower position first
     planner.note_attention(scores, states)
     for s in states:
         row = scores[s.index].tolist()

@@ -6,7 +6,7 @@ source benchmarks/device_env.sh
 start=$SECONDS; el() { echo "[elapsed $((SECONDS - start)) s]"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout 150 python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_kernel_pack_queries.py \
-  tests/test_kernel_flash_cache_plan.py tests/test_kernel_gate_up_silu.py tests/test_kernel_split_k_linear.py \
+  tests/test_kernel_flash_cache_plan.py tests/test_kernel_rank_attended.py tests/test_kernel_gate_up_silu.py tests/test_kernel_split_k_linear.py \
   2>&1 | tail -8 | tee $OUT/new-kernel-tests.txt; el
 timeout 300 python3 benchmarks/results/next-device/skinny_gemm_ab.py 2 llada-8b flash-cache:1,flash-verify:1,fast-dllm:1 \
   2>&1 | grep -v Warning | tee $OUT/skinny-gemm-ab-llada.txt; el
