@@ -68,8 +68,10 @@ def pack_queries_reference(in_query, tokens, prompt_len, row_base, total_len, ce
     if mask_prompt:
         slot_tokens = torch.where(position < p0[:, None], constants.mask_id, slot_tokens)
     base = pick(row_base)
-    fill = torch.tensor([[constants.mask_id], [0], [constants.trash_row]], dtype=torch.int64, device=target.device)
-    rows = fill.expand(3, n_rows + 1).clone()
+    rows = torch.empty((3, n_rows + 1), dtype=torch.int64, device=target.device)  # no host tensor: graph-safe
+    rows[0].fill_(constants.mask_id)
+    rows[1].fill_(0)
+    rows[2].fill_(constants.trash_row)
     values = torch.stack([slot_tokens, position, base[:, None] + position]).reshape(3, -1)
     rows.scatter_(1, target.reshape(1, -1).expand(3, -1), values)
     score_query = None
