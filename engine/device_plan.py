@@ -19,12 +19,15 @@ that step (only fast-dllm's depends on the data: a block ends when its last mask
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from flash_dllm.engine.device_canvas import NOT_NEW, DeviceCanvas
 from flash_dllm.engine.packing import QueryPlan
 from flash_dllm.engine.sampling import Predictions, predict
 from flash_dllm.kernels import flash_cache_plan
+from flash_dllm.kernels.block_schedule import BlockCursors, BlockScheduleOp, BlockShape
 from flash_dllm.kernels.flash_cache_plan import FlashCachePlanOp, PlanShape, first_cells  # noqa: F401 (re-export)
 from flash_dllm.kernels.greedy_predict import GreedyPredict
 from flash_dllm.kernels.rank_attended import RankAttended
@@ -159,79 +162,62 @@ class FlashCache(DeviceMethod):
 
 class BlockSchedule(DeviceMethod):
     """Semi-autoregressive blocks (engine/strategies.py:BlockStrategy): the current block is the first one
-    that still has a masked cell; `step_in_block` counts the steps taken in it."""
+    that still has a masked cell; `cursors.step_in_block` counts the steps taken in it. Advancing is one op
+    (kernels/block_schedule.py: one kernel launch on a GPU)."""
 
     def __init__(self, canvas: DeviceCanvas, block_length: int, shift: bool):
         self.block_length, self.shift = block_length, shift
         self.readout = block_length
-        n, device = canvas.n_slots, canvas.tokens.device
-        self.n_blocks = canvas.width // block_length
-        self.block = torch.zeros(n, dtype=torch.int64, device=device)
-        self.step_in_block = torch.zeros(n, dtype=torch.int64, device=device)
-        self.block_masks = torch.zeros(n, dtype=torch.int64, device=device)  # masked cells when the block began
+        self.shape = BlockShape(block_length=block_length, slot_len=canvas.slot_len, shift=shift)
+        self.cursors = BlockCursors.zeros(canvas.n_slots, canvas.tokens.device)
+        self.schedule_op = BlockScheduleOp("torch")
         self.reset(canvas)
 
+    def use_kernels(self, backend: str) -> None:
+        super().use_kernels(backend)
+        if self.schedule_op.backend != backend:
+            self.schedule_op = BlockScheduleOp(backend)
+
     def reset(self, canvas: DeviceCanvas) -> None:
-        self.block.zero_()
         self._advance(canvas, restart=torch.ones_like(canvas.active))
 
     def reset_slot(self, canvas: DeviceCanvas, slot: int) -> None:
         restart = torch.zeros_like(canvas.active)
         restart[slot] = True
-        self.block[slot] = 0
         self._advance(canvas, restart=restart)
 
-    def block_cells(self, canvas: DeviceCanvas) -> torch.Tensor:
-        start = self.block[:, None] * self.block_length
-        in_block = (canvas.cells() >= start) & (canvas.cells() < start + self.block_length)
-        return first_cells(canvas.masked() & in_block, self.block_length)
-
     def _advance(self, canvas: DeviceCanvas, restart: torch.Tensor | None = None) -> None:
-        """Move each slot to its first block with a masked cell; a slot that moves (or restarts) begins it."""
-        per_block = canvas.masked()[:, : self.n_blocks * self.block_length].reshape(
-            canvas.n_slots, self.n_blocks, self.block_length)
-        has_mask = per_block.any(-1)
-        blocks = torch.arange(self.n_blocks, device=has_mask.device)[None, :]
-        nxt = torch.where(has_mask & (blocks >= self.block[:, None]), blocks, self.n_blocks).amin(1)
-        moved = (nxt != self.block) & (nxt < self.n_blocks)
-        if restart is not None:
-            moved = moved | restart
-        self.block.copy_(torch.where(moved & (nxt < self.n_blocks), nxt, self.block))
-        self.step_in_block.masked_fill_(moved, 0)
-        count = per_block.sum(-1).gather(1, self.block.clamp(max=self.n_blocks - 1)[:, None])[:, 0]
-        self.block_masks.copy_(torch.where(moved, count, self.block_masks))
+        """Without `restart`: count the step, then move each slot to its first block with a masked cell; a slot
+        that moves (or restarts, from block 0) begins it."""
+        self.schedule_op.advance(canvas.answer, canvas.gen_len, canvas.end, canvas.official_end, canvas.steps,
+                                 canvas.max_steps, canvas.active, self.cursors, self.shape, restart)
 
     def end_step(self, canvas: DeviceCanvas) -> None:
-        self.step_in_block += canvas.active.long()
         self._advance(canvas)
 
     def full_next(self, canvas: DeviceCanvas) -> torch.Tensor:
-        return canvas.active & (self.step_in_block == 0)
+        return canvas.active & (self.cursors.step_in_block == 0)
 
 
 class FastDllm(BlockSchedule):
     """Fast-dLLM (engine/refresh.py:FastDllmPolicy): everything at a block's first step, then the block only
-    (dual cache) or the block and everything after it (prefix cache); commit by threshold."""
+    (dual cache) or the block and everything after it (prefix cache); commit by threshold. Its plan is one op
+    (kernels/block_schedule.py: one kernel launch on a GPU)."""
 
     layout_follows_data = True  # a block's first step recomputes everything; when it comes depends on commits
 
     def __init__(self, canvas: DeviceCanvas, block_length: int, mode: str, shift: bool):
         super().__init__(canvas, block_length, shift)
         self.mode = mode
+        self.shape = dataclasses.replace(self.shape, mode=mode)
         extra = 1 if shift else 0
         self.steady_rows = min(canvas.slot_len, (block_length if mode == "dual" else canvas.width) + extra)
 
     def plan(self, canvas: DeviceCanvas) -> QueryPlan:
-        position = canvas.positions
-        p0, total = canvas.prompt_len[:, None], canvas.total_len()[:, None]
-        start = self.block[:, None] * self.block_length
-        first = p0 + start - (1 if self.shift else 0)
-        block_end = torch.minimum(p0 + start + self.block_length, p0 + canvas.gen_len[:, None])
-        last = block_end if self.mode == "dual" else total
-        block = (position >= first) & (position < last)
-        everything = position < total
-        in_query = torch.where((self.step_in_block == 0)[:, None], everything, block)
-        return QueryPlan(in_query=in_query & canvas.active[:, None], cells=self.block_cells(canvas))
+        plan = self.schedule_op.plan(canvas.answer, canvas.prompt_len, canvas.gen_len, canvas.end,
+                                     canvas.official_end, canvas.steps, canvas.max_steps, canvas.active,
+                                     self.cursors, self.shape)
+        return QueryPlan(in_query=plan.in_query, cells=plan.cells)
 
     def select(self, canvas: DeviceCanvas, plan: QueryPlan, preds: Predictions) -> torch.Tensor:
         return select_by_threshold(self.threshold_kernel, canvas, plan.cells, preds)

@@ -29,7 +29,7 @@ TOKEN_COUNTS = (128, 4096)
 MLP_WIDTH = {"llada-8b": 12288, "dream-7b": 18944}  # intermediate_size of each model's config.json
 FAMILIES = ("fused_qkv", "scheduled_attention", "add_rms_norm", "silu_mul", "canvas_commit",
             "threshold_select", "greedy_predict", "split_k_linear", "gate_up_silu", "pack_queries",
-            "flash_cache_plan", "rank_attended")
+            "flash_cache_plan", "rank_attended", "block_schedule")
 SPLIT_K_ROWS = (48, 128)  # a verify pass, a flash-cache step: the projections the selector may run split-K
 
 
@@ -130,6 +130,7 @@ def compile_step_kernels(log, capability: int) -> None:
     """The decode step's commit, threshold select and greedy predictions at a chat's shapes (the model only
     names the choice: these kernels have no model dimension): 16 window candidates over a 512-cell answer and
     LLaDA's vocabulary, at batch 1 and 32."""
+    from flash_dllm.kernels._block_schedule_triton import block_advance_triton, fast_dllm_plan_triton
     from flash_dllm.kernels._canvas_commit_triton import canvas_commit_triton
     from flash_dllm.kernels._flash_cache_plan_triton import flash_cache_plan_triton
     from flash_dllm.kernels.flash_cache_plan import PlanShape
@@ -137,6 +138,7 @@ def compile_step_kernels(log, capability: int) -> None:
     from flash_dllm.kernels._pack_queries_triton import pack_queries_triton
     from flash_dllm.kernels._rank_attended_triton import rank_attended_triton
     from flash_dllm.kernels._threshold_select_triton import threshold_select_triton
+    from flash_dllm.kernels.block_schedule import BlockCursors, BlockShape
     from flash_dllm.kernels.pack_queries import PackConstants
 
     for model in MODELS:
@@ -164,6 +166,16 @@ def compile_step_kernels(log, capability: int) -> None:
             log.choice = f"rank_attended {model} {n_tokens} tokens"  # 64 tracked of 1,400 positions
             rank_attended_triton(meta(1400 * S, dtype=torch.float32), _ints(S), _ints(S), _ints(S), _ints(S, 512),
                                  _flags(S), _ints(S, 64), 1400)
+            log.choice = f"block_schedule {model} {n_tokens} tokens"  # fast-dllm's blocks of 32, both cache modes
+            cursors = BlockCursors(_ints(S), _ints(S), _ints(S))
+            for mode in ("dual", "prefix"):
+                block_shape = BlockShape(32, slot_len=1401, shift=model == "dream-7b", mode=mode)
+                fast_dllm_plan_triton(_ints(S, 512), _ints(S), _ints(S), _ints(S), _flags(S), _ints(S), _ints(S),
+                                      _flags(S), cursors, block_shape)
+            advance = (_ints(S, 512), _ints(S), _ints(S), _flags(S), _ints(S), _ints(S), _flags(S), cursors,
+                       block_shape)
+            block_advance_triton(*advance)  # a step's end
+            block_advance_triton(*advance, restart=_flags(S))  # a call's start, a slot's admission
 
 
 def compile_split_k_linear(log, capability: int) -> None:

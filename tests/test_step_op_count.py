@@ -5,7 +5,9 @@ a step is a few milliseconds: the bookkeeping around the forward (plan, predicti
 280 kernels for flash-cache and 450 for flash-verify before the commit became one kernel. This counts the
 operations that reach the dispatcher (views excluded) during one steady step on the CPU, each of the step's
 Triton kernels as its launches (commit, threshold select, greedy predictions, query packing, Flash-Cache's
-plan and attention ranking), and holds each method under its budget so that the count only goes down. `-s` prints the counts.
+plan and attention ranking, the block schedule's advance and Fast-dLLM's plan), and holds each method under its
+budget so that the count only goes down. `-s` prints the counts. It also holds a steady step free of tensors made
+from Python lists (host-to-device copies a CUDA graph cannot capture).
 """
 from __future__ import annotations
 
@@ -18,15 +20,15 @@ from flash_dllm.engine import decode_loop
 from flash_dllm.engine.engine import Engine
 from flash_dllm.engine.settings import GenerationSettings
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
-from flash_dllm.kernels import (canvas_commit, flash_cache_plan, greedy_predict, pack_queries, rank_attended,
-                                threshold_select)
+from flash_dllm.kernels import (block_schedule, canvas_commit, flash_cache_plan, greedy_predict, pack_queries,
+                                rank_attended, threshold_select)
 
 # what views cost: no kernel
 VIEWS = {"view", "unsqueeze", "slice", "select", "expand", "t", "_unsafe_view", "transpose", "split",
          "split_with_sizes", "alias", "as_strided", "squeeze", "permute", "unbind", "lift_fresh",
          "_local_scalar_dense", "detach"}
 # The budgets: the counts at the time of writing (torch 2.13, CPU), per method. Lower them when they fall.
-BUDGETS = {"flash-cache": 33, "flash-verify": 123, "fast-dllm": 100, "llada": 104}
+BUDGETS = {"flash-cache": 33, "flash-verify": 123, "fast-dllm": 33, "llada": 104}
 METHODS = {"flash-cache": {}, "flash-verify": dict(gamma=0.5), "fast-dllm": dict(cache_mode="dual"), "llada": {}}
 
 
@@ -45,7 +47,8 @@ class _Count(TorchDispatchMode):
 
 def count_step_ops(engine: Engine, settings: GenerationSettings, step: int) -> collections.Counter:
     """Operations of decode step `step` (0 = the first) outside the model's forward and head; each of the
-    step's own kernels counts its launches (commit, threshold select, packing, plan and ranking one, greedy predictions two)."""
+    step's own kernels counts its launches (commit, threshold select, packing, plans, ranking and the block
+    schedule's advance one, greedy predictions two)."""
     counts: list[_Count] = []
     forward, head, step_fn = decode_loop.forward_cached, decode_loop.lm_logits, decode_loop.DecodeSession.step
     commit_call, select_call = canvas_commit.CanvasCommit.__call__, threshold_select.ThresholdSelect.__call__
@@ -53,6 +56,7 @@ def count_step_ops(engine: Engine, settings: GenerationSettings, step: int) -> c
     pack_call = pack_queries.PackQueries.__call__
     plan_call = flash_cache_plan.FlashCachePlanOp.__call__
     rank_call = rank_attended.RankAttended.__call__
+    advance_call, block_plan_call = block_schedule.BlockScheduleOp.advance, block_schedule.BlockScheduleOp.plan
 
     def counted_step(self, layouts):
         with _Count() as mode:
@@ -83,6 +87,8 @@ def count_step_ops(engine: Engine, settings: GenerationSettings, step: int) -> c
         patch.setattr(pack_queries.PackQueries, "__call__", paused(pack_call, "pack_queries"))
         patch.setattr(flash_cache_plan.FlashCachePlanOp, "__call__", paused(plan_call, "flash_cache_plan"))
         patch.setattr(rank_attended.RankAttended, "__call__", paused(rank_call, "rank_attended"))
+        patch.setattr(block_schedule.BlockScheduleOp, "advance", paused(advance_call, "block_advance"))
+        patch.setattr(block_schedule.BlockScheduleOp, "plan", paused(block_plan_call, "fast_dllm_plan"))
         engine.generate(["What is 7 + 5?"], settings)
     assert len(counts) > step, f"only {len(counts)} steps"
     return counts[step].ops
@@ -109,3 +115,37 @@ def test_the_counter_sees_operations(engine):
     ops = count_step_ops(engine, GenerationSettings(method="flash-cache", gen_length=32, threshold=1.0), step=3)
     assert ops["copy_"] >= 1 and ops["canvas_commit"] == 1 and ops["rank_attended"] == 1 and sum(ops.values()) > 20
     assert not any(name in ops for name in ("mm", "addmm", "bmm", "linear"))  # the forward is not counted
+
+
+class _HostData(TorchDispatchMode):
+    """Records tensors made from Python lists (torch.tensor(...) reaches the dispatcher as lift_fresh): on a GPU
+    each is a host-to-device copy, which a CUDA graph cannot capture. Python numbers (0-dim) are kernel arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__.startswith("lift_fresh") and args and args[0].dim() > 0:
+            self.seen.append(tuple(args[0].shape))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("method", sorted(BUDGETS))
+def test_a_steady_step_makes_no_tensor_from_host_data(engine, method):
+    """The steps of a call whose layouts are already built (a chat's next turn: the step a CUDA graph replays),
+    forward included, with the kernels' torch references: what `--kernels torch` captures on a GPU."""
+    settings = GenerationSettings(method=method, gen_length=32, block_length=16, threshold=1.0, steps=32,
+                                  **METHODS[method])
+    engine.generate(["What is 7 + 5?"], settings)  # builds the session's layouts
+    step_fn, seen = decode_loop.DecodeSession.step, []
+
+    def watched_step(self, layouts):
+        with _HostData() as mode:
+            step_fn(self, layouts)
+        seen.extend(mode.seen)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode_loop.DecodeSession, "step", watched_step)
+        engine.generate(["What is 7 + 5?"], settings)
+    assert not seen, f"{method}: {len(seen)} tensors made from host data in its steps ({seen[:3]})"
