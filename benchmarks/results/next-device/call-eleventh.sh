@@ -1,6 +1,6 @@
 #!/bin/bash
-# Written in the eleventh session (2026-12-07) for the one device call a session may get: the new kernels' GPU
-# tests (query packing, Flash-Cache plan and ranking, fused gate/up, split-K), then the step with and without
+# Written in the eleventh session (2026-12-07), run then on an H100 (gpu-check-2026-12-07e/), for the one
+# device call a session may get: the new kernels' GPU tests (query packing, Flash-Cache plan and ranking, fused gate/up, split-K), then the step with and without
 # everything built since the ninth session's table, and 32-row attention tiles at batch 1 (step_kernels_ab.py),
 # then graph == eager on tiny models and at full geometry.
 source benchmarks/device_env.sh
