@@ -95,6 +95,8 @@ class DecodeSession:
         bind = getattr(method, "bind_session", None)  # a method with its own packing (block-diffusion)
         if bind is not None:
             bind(self)
+        if self.verifier is not None:  # after bind: a method may bring a verifier of its own
+            self.verifier.use_kernels(backend)
 
     # ---- one step, device work only ----------------------------------------------------------------------
     def step(self, layouts: list[Layout]) -> None:

@@ -12,114 +12,66 @@ that nobody reads. The pass writes each slot's scratch rows only, never the cach
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from flash_dllm.engine.device_canvas import NOT_NEW, DeviceCanvas
 from flash_dllm.engine.model import CachedStep
 from flash_dllm.engine.packing import Layout, Packer, attention_plan
 from flash_dllm.engine.sampling import VERIFY_PASS, Predictions, predict
 from flash_dllm.engine.verify import chain_visibility
-
-
-@dataclass
-class VerifyBatch:
-    """One verify pass's inputs per slot (device tensors)."""
-
-    tracked: torch.Tensor  # [S, W] cells committed by this step's draft commit, ascending, -1 holes
-    cells: torch.Tensor  # [S, C] candidates, most confident draft first, -1 holes
-    drafts: torch.Tensor  # [S, C] drafted tokens
-
-
-def pick_candidates(canvas: DeviceCanvas, cells: torch.Tensor, tokens: torch.Tensor, confidences: torch.Tensor,
-                    cap: int) -> VerifyBatch:
-    """The window's cells still masked after the draft commit whose draft is a real token (not [MASK]), by
-    descending draft confidence (ties: the earlier cell), at most `cap`; and the cells the draft commit fixed
-    (tracked rows)."""
-    still = (cells >= 0) & canvas.masked().gather(1, cells.clamp(min=0)) & canvas.active[:, None]
-    still &= tokens != canvas.mask_id  # a [MASK] draft has nothing to verify
-    order = torch.sort(torch.where(still, -confidences, float("inf")), dim=1, stable=True).indices[:, :cap]
-    kept = still.gather(1, order)
-    window = cells.shape[1]
-    new = canvas.newly_rank < NOT_NEW
-    rank = torch.cumsum(new.long(), 1) - 1
-    target = torch.where(new & (rank < window), rank, window)
-    tracked = torch.full((cells.shape[0], window + 1), -1, dtype=torch.int64, device=cells.device)
-    tracked.scatter_(1, target, canvas.cells().expand_as(target))
-    return VerifyBatch(tracked=tracked[:, :window], cells=torch.where(kept, cells.gather(1, order), -1),
-                       drafts=tokens.gather(1, order))
-
-
-def accepted_counts(batch: VerifyBatch, preds: Predictions, gamma: torch.Tensor, rule: str) -> torch.Tensor:
-    """[S] the length of the accepted prefix of each slot's candidates.
-
-    paper: candidate i passes when the mask view's prediction is its draft with confidence >= gamma;
-    cumulative (the official code): while the running product of the mask view's probabilities of the
-    drafts stays >= gamma. Acceptance stops at the first candidate that fails."""
-    shape = batch.cells.shape
-    valid = batch.cells >= 0
-    if rule == "paper":
-        ok = (preds.tokens.view(shape) == batch.drafts) & (preds.confidences.view(shape) >= gamma[:, None])
-    else:
-        ok = torch.cumprod(preds.probs_of_given.view(shape), dim=1) >= gamma[:, None]
-    return torch.cumprod((ok & valid).long(), dim=1).sum(1)
+from flash_dllm.kernels.verify_batch import VerifyBatch, VerifyCounters, VerifyOp, VerifyShape
 
 
 class VerifyLayout:
-    """The fixed per-slot row layout of the verify pass and its chain mask (built once per decode call)."""
+    """The fixed per-slot row layout of the verify pass and its chain mask (built once per decode call). Picking
+    the candidates, packing the pass and accepting the drafts are one op each (kernels/verify_batch.py: one
+    kernel launch each on a GPU)."""
 
     def __init__(self, packer: Packer, window: int, cap: int, shift: bool):
         self.packer, self.window, self.cap, self.shift = packer, window, cap, shift
         self.rows = window + (3 if shift else 2) * cap
-        n_slots = packer.canvas.n_slots
+        canvas, cache = packer.canvas, packer.cache
+        n_slots = canvas.n_slots
         self.layout = Layout.uniform(n_slots, self.rows)
-        device = packer.canvas.tokens.device
+        self.shape = VerifyShape(cap=cap, shift=shift, mask_id=canvas.mask_id, trash_row=cache.trash_row,
+                                 slot_len=cache.slot_len)
+        self.op = VerifyOp("torch")
+        device = canvas.tokens.device
         self.chain = torch.tensor(chain_visibility(window, cap, shift), dtype=torch.bool, device=device)
         self.slots = torch.arange(n_slots, device=device)
         self.readout = torch.arange(cap, device=device) + window + (2 if shift else 1) * cap
-        # the pass's constant tensors, made once (each would be a kernel per step)
-        cache, rows = packer.cache, torch.arange(self.rows, device=device)
-        self.inq_start = cache.scratch_base + self.slots * cache.scratch_per_slot  # each slot's scratch rows
-        self.write_rows = (self.inq_start[:, None] + rows[None, :]).reshape(-1)
-        self.q_len = torch.full((n_slots,), self.rows, dtype=torch.int64, device=device)
+        # the pass's constant tensors, made once (each would be a kernel per step); int32 where the attention
+        # plan takes them, so it does not convert them every step
+        rows = torch.arange(self.rows, device=device)
+        inq_start = cache.scratch_base + self.slots * cache.scratch_per_slot  # each slot's scratch rows
+        self.inq_start = inq_start.to(torch.int32)
+        self.write_rows = (inq_start[:, None] + rows[None, :]).reshape(-1)
+        self.q_len = torch.full((n_slots,), self.rows, dtype=torch.int32, device=device)
         self.hidden_rows = (self.slots[:, None] * self.rows + self.readout[None, :]).reshape(-1)
+
+    def use_kernels(self, backend: str) -> None:
+        """Pick, pack and accept with the Triton kernels ("triton") or their references ("torch")."""
+        if backend != self.op.backend:
+            self.op = VerifyOp(backend)
+
+    def pick(self, cells: torch.Tensor, tokens: torch.Tensor, confidences: torch.Tensor) -> VerifyBatch:
+        """The window's cells still masked after the draft commit whose draft is a real token (not [MASK]), by
+        descending draft confidence (ties: the earlier cell), at most `cap`; and the cells the draft commit fixed
+        (tracked rows)."""
+        canvas = self.packer.canvas
+        return self.op.pick(canvas.answer, canvas.newly_rank, canvas.gen_len, canvas.end, canvas.official_end,
+                            canvas.steps, canvas.max_steps, canvas.active, cells, tokens, confidences, self.shape)
 
     def pack(self, batch: VerifyBatch) -> tuple[CachedStep, torch.Tensor]:
         """The verify forward, and the cache rows it hides (to be re-enabled after the pass)."""
         canvas, cache = self.packer.canvas, self.packer.cache
-        S, C, L = canvas.n_slots, self.cap, cache.slot_len
-        p0 = canvas.prompt_len[:, None]
-        tracked_ok, cand_ok = batch.tracked >= 0, batch.cells >= 0
-        tracked_tok = canvas.answer.gather(1, batch.tracked.clamp(min=0))
-        cells = [batch.tracked, batch.cells, batch.cells]
-        tokens = [tracked_tok, batch.drafts, torch.full_like(batch.drafts, canvas.mask_id)]
-        valid = [tracked_ok, cand_ok, cand_ok]
-        if self.shift:
-            before = batch.cells - 1
-            same = (batch.cells[:, None, :] == before[:, :, None]) & cand_ok[:, None, :]  # [S, i, j]: c_j == c_i - 1
-            j = same.long().argmax(-1)
-            earlier = j < torch.arange(C, device=j.device)[None, :]
-            in_query = torch.where(earlier, batch.drafts.gather(1, j), canvas.mask_id)
-            from_canvas = canvas.tokens.gather(1, (p0 + before).clamp(0, L - 1))
-            cells.append(before)
-            tokens.append(torch.where(same.any(-1), in_query, from_canvas))
-            valid.append(cand_ok)
-        cells, tokens, valid = torch.cat(cells, 1), torch.cat(tokens, 1), torch.cat(valid, 1)
-        positions = torch.where(valid, p0 + cells, 0)
-        tokens = torch.where(valid, tokens, canvas.mask_id)
-        lt = self.packer.tensors(self.layout)
-        keys_ok = torch.cat([tracked_ok, cand_ok, cand_ok] + ([torch.zeros_like(cand_ok)] if self.shift else []), 1)
-        inq_mask = (self.chain[None] & keys_ok[:, None, :]).reshape(S * self.rows, self.rows)
-        hidden = torch.cat([tracked_ok, cand_ok], 1)
-        hide = torch.where(hidden, cache.row_base[:, None] + p0 + torch.cat([batch.tracked, batch.cells], 1),
-                           cache.trash_row)
-        cache.keep.index_fill_(0, hide.reshape(-1), 0)
-        attention = attention_plan(lt, self.q_len, cache.row_base, canvas.total_len(), L, kv_keep=cache.keep,
-                                   inq_start=self.inq_start, inq_mask=inq_mask)
-        step = CachedStep(token_ids=tokens.reshape(-1), positions=positions.reshape(-1), write_rows=self.write_rows,
+        query = self.op.pack(batch, canvas.answer, canvas.tokens, canvas.prompt_len, canvas.gen_len, cache.row_base,
+                             self.chain, cache.keep, self.shape)
+        attention = attention_plan(self.packer.tensors(self.layout), self.q_len, query.kv_start, query.kv_len,
+                                   cache.slot_len, kv_keep=cache.keep, inq_start=self.inq_start,
+                                   inq_mask=query.inq_mask)
+        step = CachedStep(token_ids=query.token_ids, positions=query.positions, write_rows=self.write_rows,
                           plan=attention, hidden_rows=self.hidden_rows)
-        return step, hide.reshape(-1)
+        return step, query.hide
 
 
 class Verifier:
@@ -134,22 +86,23 @@ class Verifier:
     def cap(self) -> int:
         return self.layout.cap
 
+    def use_kernels(self, backend: str) -> None:
+        """Run the pass's bookkeeping with the Triton kernels ("triton") or their references ("torch")."""
+        self.layout.use_kernels(backend)
+
     def after_commit(self, session, cells: torch.Tensor, preds: Predictions, committed: torch.Tensor) -> dict:
-        canvas, cache = session.canvas, session.cache
-        batch = pick_candidates(canvas, cells, preds.tokens, preds.confidences, self.cap)
-        step, hidden_rows = self.layout.pack(batch)
+        canvas, cache, layout = session.canvas, session.cache, self.layout
+        batch = layout.pick(cells, preds.tokens, preds.confidences)
+        step, hidden_rows = layout.pack(batch)
         logits = session.verify_logits(step)
         cache.keep.index_fill_(0, hidden_rows, 1)
         keys, temperature = session._keys_and_temperature(None, batch.cells, VERIFY_PASS)
         p = predict(logits, temperature, keys, given_tokens=batch.drafts.reshape(-1), greedy=session.method.greedy)
-        accepted = accepted_counts(batch, p, canvas.gamma, self.rule)
-        chosen = torch.arange(batch.cells.shape[1], device=accepted.device)[None, :] < accepted[:, None]
-        canvas.commit(batch.cells, batch.drafts, p.probs_of_given.view(batch.cells.shape), chosen,
+        counters = VerifyCounters(forward_passes=canvas.forward_passes, verify_passes=canvas.verify_passes,
+                                  accepted=canvas.accepted, rejected=canvas.rejected)
+        # the counters before the commit: it changes neither them nor `active`
+        outcome = layout.op.accept(batch, p.tokens, p.confidences, p.probs_of_given, canvas.gamma, canvas.active,
+                                   counters, self.rule)
+        canvas.commit(batch.cells, batch.drafts, p.probs_of_given.view(batch.cells.shape), outcome.chosen,
                       rank_base=committed)
-        n_candidates = (batch.cells >= 0).sum(1)
-        ran = ((n_candidates > 0) & canvas.active).long()
-        canvas.forward_passes += ran
-        canvas.verify_passes += ran
-        canvas.accepted += accepted * ran
-        canvas.rejected += (n_candidates - accepted) * ran
-        return dict(verify_cells=batch.cells, verify_drafts=batch.drafts, accepted=accepted * ran)
+        return dict(verify_cells=batch.cells, verify_drafts=batch.drafts, accepted=outcome.accepted)

@@ -29,7 +29,7 @@ TOKEN_COUNTS = (128, 4096)
 MLP_WIDTH = {"llada-8b": 12288, "dream-7b": 18944}  # intermediate_size of each model's config.json
 FAMILIES = ("fused_qkv", "scheduled_attention", "add_rms_norm", "silu_mul", "canvas_commit",
             "threshold_select", "greedy_predict", "split_k_linear", "gate_up_silu", "pack_queries",
-            "flash_cache_plan", "rank_attended", "block_schedule")
+            "flash_cache_plan", "rank_attended", "block_schedule", "verify_batch")
 SPLIT_K_ROWS = (48, 128)  # a verify pass, a flash-cache step: the projections the selector may run split-K
 
 
@@ -127,9 +127,9 @@ def compile_small_ops(log, capability: int) -> None:
 
 
 def compile_step_kernels(log, capability: int) -> None:
-    """The decode step's commit, threshold select and greedy predictions at a chat's shapes (the model only
-    names the choice: these kernels have no model dimension): 16 window candidates over a 512-cell answer and
-    LLaDA's vocabulary, at batch 1 and 32."""
+    """The decode step's commit, threshold select, greedy predictions, plans and Flash-Verify's bookkeeping at a
+    chat's shapes (the model only names the choice, and Dream's shift: these kernels have no model dimension):
+    16 window candidates over a 512-cell answer and LLaDA's vocabulary, at batch 1 and 32."""
     from flash_dllm.kernels._block_schedule_triton import block_advance_triton, fast_dllm_plan_triton
     from flash_dllm.kernels._canvas_commit_triton import canvas_commit_triton
     from flash_dllm.kernels._flash_cache_plan_triton import flash_cache_plan_triton
@@ -138,8 +138,11 @@ def compile_step_kernels(log, capability: int) -> None:
     from flash_dllm.kernels._pack_queries_triton import pack_queries_triton
     from flash_dllm.kernels._rank_attended_triton import rank_attended_triton
     from flash_dllm.kernels._threshold_select_triton import threshold_select_triton
+    from flash_dllm.kernels._verify_batch_triton import (verify_accept_triton, verify_pack_triton,
+                                                         verify_pick_triton)
     from flash_dllm.kernels.block_schedule import BlockCursors, BlockShape
     from flash_dllm.kernels.pack_queries import PackConstants
+    from flash_dllm.kernels.verify_batch import VerifyBatch, VerifyCounters, VerifyShape
 
     for model in MODELS:
         for n_tokens in TOKEN_COUNTS:
@@ -176,6 +179,20 @@ def compile_step_kernels(log, capability: int) -> None:
                        block_shape)
             block_advance_triton(*advance)  # a step's end
             block_advance_triton(*advance, restart=_flags(S))  # a call's start, a slot's admission
+            log.choice = f"verify_batch {model} {n_tokens} tokens"  # Flash-Verify: window 16, cap 8
+            shift = model == "dream-7b"
+            verify_shape = VerifyShape(cap=8, shift=shift, mask_id=126336, trash_row=0, slot_len=1400)
+            verify_pick_triton(_ints(S, 512), _ints(S, 512), _ints(S), _ints(S), _flags(S), _ints(S), _ints(S),
+                               _flags(S), _ints(S, 16), _ints(S, 16), meta(S, 16, dtype=torch.float64), verify_shape)
+            batch = VerifyBatch(tracked=_ints(S, 16), cells=_ints(S, 8), drafts=_ints(S, 8))
+            rows = 16 + (3 if shift else 2) * 8
+            verify_pack_triton(batch, _ints(S, 512), _ints(S, 1401), _ints(S), _ints(S), _ints(S),
+                               _flags(rows, rows), meta(1 + 1400 * S, dtype=torch.int8), verify_shape)
+            counters = VerifyCounters(_ints(S), _ints(S), _ints(S), _ints(S))
+            for rule in ("paper", "cumulative"):
+                doubles = meta(8 * S, dtype=torch.float64)
+                verify_accept_triton(batch, _ints(8 * S), doubles, doubles, meta(S, dtype=torch.float64), _flags(S),
+                                     counters, rule)
 
 
 def compile_split_k_linear(log, capability: int) -> None:

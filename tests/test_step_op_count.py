@@ -5,7 +5,8 @@ a step is a few milliseconds: the bookkeeping around the forward (plan, predicti
 280 kernels for flash-cache and 450 for flash-verify before the commit became one kernel. This counts the
 operations that reach the dispatcher (views excluded) during one steady step on the CPU, each of the step's
 Triton kernels as its launches (commit, threshold select, greedy predictions, query packing, Flash-Cache's
-plan and attention ranking, the block schedule's advance and Fast-dLLM's plan), and holds each method under its
+plan and attention ranking, the block schedule's advance and Fast-dLLM's plan, Flash-Verify's pick, pack and
+accept), and holds each method under its
 budget so that the count only goes down. `-s` prints the counts. It also holds a steady step free of tensors made
 from Python lists (host-to-device copies a CUDA graph cannot capture).
 """
@@ -21,14 +22,14 @@ from flash_dllm.engine.engine import Engine
 from flash_dllm.engine.settings import GenerationSettings
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 from flash_dllm.kernels import (block_schedule, canvas_commit, flash_cache_plan, greedy_predict, pack_queries,
-                                rank_attended, threshold_select)
+                                rank_attended, threshold_select, verify_batch)
 
 # what views cost: no kernel
 VIEWS = {"view", "unsqueeze", "slice", "select", "expand", "t", "_unsafe_view", "transpose", "split",
          "split_with_sizes", "alias", "as_strided", "squeeze", "permute", "unbind", "lift_fresh",
          "_local_scalar_dense", "detach"}
 # The budgets: the counts at the time of writing (torch 2.13, CPU), per method. Lower them when they fall.
-BUDGETS = {"flash-cache": 33, "flash-verify": 123, "fast-dllm": 33, "llada": 104}
+BUDGETS = {"flash-cache": 33, "flash-verify": 42, "fast-dllm": 33, "llada": 104}
 METHODS = {"flash-cache": {}, "flash-verify": dict(gamma=0.5), "fast-dllm": dict(cache_mode="dual"), "llada": {}}
 
 
@@ -47,8 +48,8 @@ class _Count(TorchDispatchMode):
 
 def count_step_ops(engine: Engine, settings: GenerationSettings, step: int) -> collections.Counter:
     """Operations of decode step `step` (0 = the first) outside the model's forward and head; each of the
-    step's own kernels counts its launches (commit, threshold select, packing, plans, ranking and the block
-    schedule's advance one, greedy predictions two)."""
+    step's own kernels counts its launches (commit, threshold select, packing, plans, ranking, the block
+    schedule's advance and Flash-Verify's pick, pack and accept one, greedy predictions two)."""
     counts: list[_Count] = []
     forward, head, step_fn = decode_loop.forward_cached, decode_loop.lm_logits, decode_loop.DecodeSession.step
     commit_call, select_call = canvas_commit.CanvasCommit.__call__, threshold_select.ThresholdSelect.__call__
@@ -57,6 +58,8 @@ def count_step_ops(engine: Engine, settings: GenerationSettings, step: int) -> c
     plan_call = flash_cache_plan.FlashCachePlanOp.__call__
     rank_call = rank_attended.RankAttended.__call__
     advance_call, block_plan_call = block_schedule.BlockScheduleOp.advance, block_schedule.BlockScheduleOp.plan
+    verify_op = verify_batch.VerifyOp
+    pick_call, verify_pack_call, accept_call = verify_op.pick, verify_op.pack, verify_op.accept
 
     def counted_step(self, layouts):
         with _Count() as mode:
@@ -89,6 +92,9 @@ def count_step_ops(engine: Engine, settings: GenerationSettings, step: int) -> c
         patch.setattr(rank_attended.RankAttended, "__call__", paused(rank_call, "rank_attended"))
         patch.setattr(block_schedule.BlockScheduleOp, "advance", paused(advance_call, "block_advance"))
         patch.setattr(block_schedule.BlockScheduleOp, "plan", paused(block_plan_call, "fast_dllm_plan"))
+        patch.setattr(verify_op, "pick", paused(pick_call, "verify_pick"))
+        patch.setattr(verify_op, "pack", paused(verify_pack_call, "verify_pack"))
+        patch.setattr(verify_op, "accept", paused(accept_call, "verify_accept"))
         engine.generate(["What is 7 + 5?"], settings)
     assert len(counts) > step, f"only {len(counts)} steps"
     return counts[step].ops
