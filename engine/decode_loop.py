@@ -73,13 +73,15 @@ class DecodeSession:
         method.use_kernels(backend)
         self.sampling, self.cfg_scale = sampling, cfg_scale
         shift = model.config.shift_logits
-        verify_rows = method.readout + (3 if shift else 2) * verify.cap if verify else 0
+        # the candidates are cells the step read out, so a cap above that many allows nothing more: the same passes
+        cap = min(verify.cap, method.readout) if verify else 0
+        verify_rows = method.readout + (3 if shift else 2) * cap if verify else 0
         self.cache = KVCache(model, canvas.n_slots, canvas.slot_len, scratch_per_slot=verify_rows, pool_rows=pool_rows)
         self.packer = Packer(self.cache, canvas, shift)
         self.packer.use_kernels(backend)
-        self.verifier = Verifier(VerifyLayout(self.packer, method.readout, verify.cap, shift), verify.rule) \
+        self.verifier = Verifier(VerifyLayout(self.packer, method.readout, cap, shift), verify.rule) \
             if verify else None
-        self.records = StepRecords(canvas, method.readout, verify.cap if verify else 0)
+        self.records = StepRecords(canvas, method.readout, cap)
         self.steady = Layout.uniform(canvas.n_slots, method.steady_rows)
         cuda = canvas.answer.device.type == "cuda"
         self.graphs = graphs and cuda and backend == "triton"

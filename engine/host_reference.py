@@ -142,7 +142,7 @@ class Reference:
         """One verify pass for the sequences with candidates; commits the accepted prefixes."""
         session, S = self.session, len(self.states)
         self.mirror([state for state, _, _ in pending])
-        cap, window = self.settings.candidates_cap, self.settings.window
+        cap, window = session.verifier.cap, self.settings.window  # the pass's cap: at most the window
         by_slot = {state.index: (tracked, cands) for state, tracked, cands in pending}
         device = session.canvas.answer.device
         batch = VerifyBatch(

@@ -37,6 +37,7 @@ VARIANTS = {
     "flash-cache-track-beyond-slot": dict(method="flash-cache", track=500),
     "flash-verify-paper": dict(method="flash-verify", gamma=0.3),
     "flash-verify-cumulative": dict(method="flash-verify", gamma=0.05, acceptance="cumulative"),
+    "flash-verify-cap-above-window": dict(method="flash-verify", gamma=0.3, max_candidates=12),  # window 8
     "llada-stop": dict(method="llada", end_rule="stop"),
     "flash-cache-official-end": dict(method="flash-cache", end_rule="official"),
     "dream-entropy": dict(method="dream", steps=16),
