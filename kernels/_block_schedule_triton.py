@@ -15,22 +15,18 @@ import torch
 import triton
 import triton.language as tl
 
+from ._step_rules_triton import decode_limits, flag
 from .block_schedule import BlockCursors, BlockPlan, BlockShape
 
 _BLOCK = 512  # positions or cells per chunk
 
-
-@triton.jit
-def _flag(value, like):
-    """An int32 0/1 scalar as a bool vector shaped like `like` (the interpreter refuses scalar bools in masks)."""
-    return (like * 0 + value) != 0
 
 
 @triton.jit
 def _still_to_decode(answer, c, limit, live, inside):
     """Cells c (of one sequence) masked, before the limit, while the sequence has steps left."""
     token = tl.load(answer + c, mask=inside, other=0)
-    return inside & (token < 0) & (c < limit) & _flag(live, c)
+    return inside & (token < 0) & (c < limit) & flag(live, c)
 
 
 @triton.jit
@@ -41,10 +37,7 @@ def _block_advance_kernel(
     RESTART: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    gen_len = tl.load(gen_len_ptr + row)
-    official = (tl.load(official_end_ptr + row) != 0).to(tl.int32)
-    limit = tl.where(official != 0, gen_len, tl.minimum(tl.load(end_ptr + row) + 1, gen_len))
-    live = (tl.load(steps_ptr + row) < tl.load(max_steps_ptr + row)).to(tl.int32)
+    gen_len, limit, live = decode_limits(row, gen_len_ptr, end_ptr, official_end_ptr, steps_ptr, max_steps_ptr)
     answer = answer_ptr + row * stride_answer
     block = tl.load(block_ptr + row)
     step_in_block = tl.load(step_in_block_ptr + row)
@@ -91,10 +84,7 @@ def _fast_dllm_plan_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     p0 = tl.load(prompt_len_ptr + row)
-    gen_len = tl.load(gen_len_ptr + row)
-    official = (tl.load(official_end_ptr + row) != 0).to(tl.int32)
-    limit = tl.where(official != 0, gen_len, tl.minimum(tl.load(end_ptr + row) + 1, gen_len))
-    live = (tl.load(steps_ptr + row) < tl.load(max_steps_ptr + row)).to(tl.int32)
+    gen_len, limit, live = decode_limits(row, gen_len_ptr, end_ptr, official_end_ptr, steps_ptr, max_steps_ptr)
     active = (tl.load(active_ptr + row) != 0).to(tl.int32)
     everything_now = (tl.load(step_in_block_ptr + row) == 0).to(tl.int32)
     start = tl.load(block_ptr + row) * B
@@ -113,7 +103,7 @@ def _fast_dllm_plan_kernel(
         p = chunk + tl.arange(0, BLOCK).to(tl.int64)
         everything = p < total
         in_block = (p >= first) & (p < last)
-        value = tl.where(_flag(everything_now, p), everything, in_block) & _flag(active, p)
+        value = tl.where(flag(everything_now, p), everything, in_block) & flag(active, p)
         tl.store(flags + p, value, mask=p < L)
 
     # the block's cells still to decode, ascending, then -1 past their count

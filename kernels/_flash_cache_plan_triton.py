@@ -15,15 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ._step_rules_triton import decode_limits, flag
 from .flash_cache_plan import NOT_NEW, FlashCachePlan, PlanShape
 
 _BLOCK = 512  # positions or cells per chunk
 
-
-@triton.jit
-def _flag(value, like):
-    """An int32 0/1 scalar as a bool vector shaped like `like` (the interpreter refuses scalar bools in masks)."""
-    return (like * 0 + value) != 0
 
 
 @triton.jit
@@ -36,10 +32,7 @@ def _flash_cache_plan_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     p0 = tl.load(prompt_len_ptr + row)
-    gen_len = tl.load(gen_len_ptr + row)
-    official = (tl.load(official_end_ptr + row) != 0).to(tl.int32)
-    limit = tl.where(official != 0, gen_len, tl.minimum(tl.load(end_ptr + row) + 1, gen_len))
-    live = (tl.load(steps_ptr + row) < tl.load(max_steps_ptr + row)).to(tl.int32)
+    gen_len, limit, live = decode_limits(row, gen_len_ptr, end_ptr, official_end_ptr, steps_ptr, max_steps_ptr)
     first_step = (tl.load(steps_ptr + row) == 0).to(tl.int32)
     active = (tl.load(active_ptr + row) != 0).to(tl.int32)
     flags = in_query_ptr + row * stride_in_query
@@ -63,7 +56,7 @@ def _flash_cache_plan_kernel(
         c = start + tl.arange(0, BLOCK)
         inside = c < G
         token = tl.load(answer + c, mask=inside, other=0)
-        masked = inside & (token < 0) & (c < limit) & _flag(live, c)
+        masked = inside & (token < 0) & (c < limit) & flag(live, c)
         rank = carry + tl.cumsum(masked.to(tl.int32), 0).to(tl.int64) - 1
         take = masked & (rank < WINDOW + AHEAD)
         tl.store(flags + p0 + c, take, mask=take)
@@ -118,8 +111,8 @@ def _flash_cache_plan_kernel(
         if TRACK < 0:
             value = everything
         else:
-            value = tl.where(_flag(first_step, p), everything, chosen)
-        tl.store(flags + p, value & _flag(active, p), mask=inside)
+            value = tl.where(flag(first_step, p), everything, chosen)
+        tl.store(flags + p, value & flag(active, p), mask=inside)
 
 
 def flash_cache_plan_triton(answer, newly_rank, attended, prompt_len, gen_len, end, official_end, steps,

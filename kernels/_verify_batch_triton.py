@@ -17,16 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ._step_rules_triton import decode_limits, flag
 from .flash_cache_plan import NOT_NEW
 from .verify_batch import VerifyBatch, VerifyCounters, VerifyOutcome, VerifyQuery, VerifyShape
 
 _BLOCK = 512  # answer cells per chunk of the tracked cells' walk
 
-
-@triton.jit
-def _flag(value, like):
-    """An int32 0/1 scalar as a bool vector shaped like `like` (the interpreter refuses scalar bools in masks)."""
-    return (like * 0 + value) != 0
 
 
 @triton.jit
@@ -38,10 +34,7 @@ def _verify_pick_kernel(
     BLOCK: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    gen_len = tl.load(gen_len_ptr + row)
-    official = (tl.load(official_end_ptr + row) != 0).to(tl.int32)
-    limit = tl.where(official != 0, gen_len, tl.minimum(tl.load(end_ptr + row) + 1, gen_len))
-    live = (tl.load(steps_ptr + row) < tl.load(max_steps_ptr + row)).to(tl.int32)
+    gen_len, limit, live = decode_limits(row, gen_len_ptr, end_ptr, official_end_ptr, steps_ptr, max_steps_ptr)
     active = (tl.load(active_ptr + row) != 0).to(tl.int32)
     answer = answer_ptr + row * stride_answer
 
@@ -52,8 +45,8 @@ def _verify_pick_kernel(
     token = tl.load(tokens_ptr + row * stride_tokens + i, mask=in_w, other=0)
     confidence = tl.load(confidences_ptr + row * stride_confidences + i, mask=in_w, other=0.0)
     at = tl.maximum(cell, 0)
-    masked = (tl.load(answer + at, mask=in_w, other=0) < 0) & (at < limit) & _flag(live, i)
-    still = in_w & (cell >= 0) & masked & _flag(active, i) & (token != mask_id)
+    masked = (tl.load(answer + at, mask=in_w, other=0) < 0) & (at < limit) & flag(live, i)
+    still = in_w & (cell >= 0) & masked & flag(active, i) & (token != mask_id)
     key = tl.where(still, -confidence, float("inf"))
     key_j, key_i = key[:, None], key[None, :]  # [j, i]: does entry j sort before entry i?
     nan_j, nan_i = key_j != key_j, key_i != key_i
