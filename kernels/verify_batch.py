@@ -145,8 +145,13 @@ def verify_accept_reference(batch: VerifyBatch, pred_tokens, pred_confidences, p
     valid = batch.cells >= 0
     if rule == "paper":
         ok = (pred_tokens.view(shape) == batch.drafts) & (pred_confidences.view(shape) >= gamma[:, None])
-    else:
-        ok = torch.cumprod(probs_of_given.view(shape), dim=1) >= gamma[:, None]
+    else:  # the running product left to right, one multiply at a time on every device (a GPU's cumprod may
+        # associate differently, and a product that lands on gamma must decide the same way as the kernel's)
+        probs, running, passing = probs_of_given.view(shape), None, []
+        for j in range(shape[1]):
+            running = probs[:, j] if running is None else running * probs[:, j]
+            passing.append(running >= gamma)
+        ok = torch.stack(passing, 1) if passing else torch.zeros(shape, dtype=torch.bool, device=probs.device)
     accepted = torch.cumprod((ok & valid).long(), dim=1).sum(1)
     chosen = torch.arange(shape[1], device=accepted.device)[None, :] < accepted[:, None]
     n_candidates = valid.sum(1)
