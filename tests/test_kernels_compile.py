@@ -30,7 +30,9 @@ MLP_WIDTH = {"llada-8b": 12288, "dream-7b": 18944}  # intermediate_size of each 
 FAMILIES = ("fused_qkv", "scheduled_attention", "add_rms_norm", "silu_mul", "canvas_commit",
             "threshold_select", "greedy_predict", "split_k_linear", "gate_up_silu", "pack_queries",
             "flash_cache_plan", "rank_attended", "block_schedule", "verify_batch")
-SPLIT_K_ROWS = (48, 128)  # a verify pass, a flash-cache step: the projections the selector may run split-K
+# the rows of the projections the selectors may run as our kernels: a fast-dllm block and LLaDA's verify pass (32),
+# Dream's verify pass (40; 48 is in its bucket), a flash-cache step (128)
+SPLIT_K_ROWS = (32, 48, 128)
 
 
 def meta(*shape, dtype=torch.bfloat16) -> torch.Tensor:
@@ -268,4 +270,5 @@ def test_kernels_compile_for_gpus(capability, family):
     choices = {k.choice.split(" (")[0] for k in kernels}
     paths = len(fused_qkv_paths_on(capability)) if family == "fused_qkv" else 1
     variants = {"scheduled_attention": 3}.get(family, 1)  # feature sets
-    assert len(choices) == paths * variants * len(MODELS) * len(TOKEN_COUNTS), sorted(choices)
+    sizes = len(SPLIT_K_ROWS) if family in ("split_k_linear", "gate_up_silu") else len(TOKEN_COUNTS)
+    assert len(choices) == paths * variants * len(MODELS) * sizes, sorted(choices)
