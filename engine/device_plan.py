@@ -208,7 +208,6 @@ class FastDllm(BlockSchedule):
 
     def __init__(self, canvas: DeviceCanvas, block_length: int, mode: str, shift: bool):
         super().__init__(canvas, block_length, shift)
-        self.mode = mode
         self.shape = dataclasses.replace(self.shape, mode=mode)
         extra = 1 if shift else 0
         self.steady_rows = min(canvas.slot_len, (block_length if mode == "dual" else canvas.width) + extra)

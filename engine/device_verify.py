@@ -35,6 +35,9 @@ class VerifyLayout:
         self.shape = VerifyShape(cap=cap, shift=shift, mask_id=canvas.mask_id, trash_row=cache.trash_row,
                                  slot_len=cache.slot_len)
         self.op = VerifyOp("torch")
+        # the canvas's counters the pass adds to (the canvas fills its tensors in place: bound once)
+        self.counters = VerifyCounters(forward_passes=canvas.forward_passes, verify_passes=canvas.verify_passes,
+                                       accepted=canvas.accepted, rejected=canvas.rejected)
         device = canvas.tokens.device
         self.chain = torch.tensor(chain_visibility(window, cap, shift), dtype=torch.bool, device=device)
         self.slots = torch.arange(n_slots, device=device)
@@ -98,11 +101,9 @@ class Verifier:
         cache.keep.index_fill_(0, hidden_rows, 1)
         keys, temperature = session._keys_and_temperature(None, batch.cells, VERIFY_PASS)
         p = predict(logits, temperature, keys, given_tokens=batch.drafts.reshape(-1), greedy=session.method.greedy)
-        counters = VerifyCounters(forward_passes=canvas.forward_passes, verify_passes=canvas.verify_passes,
-                                  accepted=canvas.accepted, rejected=canvas.rejected)
         # the counters before the commit: it changes neither them nor `active`
         outcome = layout.op.accept(batch, p.tokens, p.confidences, p.probs_of_given, canvas.gamma, canvas.active,
-                                   counters, self.rule)
+                                   layout.counters, self.rule)
         canvas.commit(batch.cells, batch.drafts, p.probs_of_given.view(batch.cells.shape), outcome.chosen,
                       rank_base=committed)
         return dict(verify_cells=batch.cells, verify_drafts=batch.drafts, accepted=outcome.accepted)
