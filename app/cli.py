@@ -98,7 +98,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", help="system prompt")
     p.add_argument("--method", choices=list(METHODS), help=f"decoding method (default {d.method}; block-diffusion for a block-diffusion model such as LLaDA2)")
     p.add_argument("--gen-length", type=int, help=f"answer length in tokens (default {d.gen_length})")
-    p.add_argument("--block-length", type=int, help=f"semi-autoregressive block length (default {d.block_length})")
+    p.add_argument("--block-length", type=int,
+                   help=f"semi-autoregressive block length (default {d.block_length}, or a divisor of --gen-length "
+                        f"when {d.block_length} does not divide it; a block-diffusion model: its own block size)")
     p.add_argument("--steps", type=int, help="llada, dream: total denoising steps (default: the answer length)")
     p.add_argument("--threshold", type=float, help=f"confidence to commit a token, in (0, 1] (default {d.threshold})")
     p.add_argument("--temperature", type=float, help=f"sampling temperature; 0 is greedy (default {d.temperature})")
@@ -181,10 +183,16 @@ def read_prompts(args) -> list[str]:
 
 
 def settings_from(args):
-    from flash_dllm.engine import GenerationSettings
+    """The settings the flags give. Without --block-length a --gen-length that the default block length does not
+    divide gets a block length that does (`block_length_for`, as the OpenAI API chooses one), so `--gen-length
+    100` alone works; an explicit --block-length is kept as given, and validate judges it."""
+    from flash_dllm.engine import GenerationSettings, block_length_for
 
+    block_length = args.block_length
+    if block_length is None and args.gen_length is not None and args.gen_length >= 1:
+        block_length = block_length_for(args.gen_length, GenerationSettings().block_length)
     return GenerationSettings().with_overrides(
-        method=args.method, gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
+        method=args.method, gen_length=args.gen_length, block_length=block_length, steps=args.steps,
         threshold=args.threshold, temperature=args.temperature, cfg_scale=args.cfg_scale, seed=args.seed,
         window=args.window, lookahead=args.lookahead, track=args.track, gamma=args.gamma,
         acceptance=args.acceptance, cache_mode=args.cache_mode, use_chat_template=not args.no_chat_template,
@@ -303,6 +311,11 @@ def run_generate(args) -> int:
     ]
     if args.method is None:  # the model's own default (a block-diffusion model decodes only with its block method)
         settings = settings.with_overrides(method=engine.default_method)
+    model_block = engine.model.config.block_size
+    if args.block_length is None and model_block:
+        # a block-diffusion model decodes in its own block size only, not in one chosen to divide --gen-length
+        # (the engine's validate then names a --gen-length that is no multiple of it)
+        settings = settings.with_overrides(block_length=model_block)
     results = engine.generate(conversations, settings)
     if args.json:
         doc = results[0].to_dict() if args.batch_file is None else batch_summary(results, model).to_dict()

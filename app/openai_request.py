@@ -22,7 +22,7 @@ import math
 import secrets
 from dataclasses import dataclass, field
 
-from flash_dllm.engine import GenerationSettings, SettingsError, validate
+from flash_dllm.engine import GenerationSettings, SettingsError, block_length_for, validate
 
 MAX_STOP_STRINGS = 4  # as OpenAI
 # The engine's own knobs, accepted as extra body fields, with the JSON type each must have.
@@ -65,16 +65,6 @@ class ChatRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
-
-
-def block_length_for(max_tokens: int, preferred: int) -> int:
-    """The block length used when the request names none: ``preferred`` when it divides ``max_tokens``, else the
-    largest divisor of ``max_tokens`` below it, unless that is under a quarter of ``preferred`` (blocks that short
-    decode nearly left to right), in which case the whole answer is one block."""
-    if max_tokens % preferred == 0:
-        return preferred
-    divisor = max(d for d in range(1, min(preferred, max_tokens) + 1) if max_tokens % d == 0)
-    return divisor if divisor * 4 >= preferred else max_tokens
 
 
 def neighbours(max_tokens: int, block_length: int) -> str:

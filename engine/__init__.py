@@ -25,6 +25,7 @@ _EXPORTS = {
     "GenerationResult": "flash_dllm.engine.settings",
     "SettingsError": "flash_dllm.engine.settings",
     "validate": "flash_dllm.engine.settings",
+    "block_length_for": "flash_dllm.engine.settings",
     "ACCEPTANCE_RULES": "flash_dllm.engine.settings",
     "CACHE_MODES": "flash_dllm.engine.settings",
     "PromptError": "flash_dllm.engine.tokenizer",

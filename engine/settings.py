@@ -73,6 +73,16 @@ class GenerationSettings:
         return ((self.seed if self.seed is not None else 0) + index) & 0xFFFFFFFF
 
 
+def block_length_for(max_tokens: int, preferred: int) -> int:
+    """The block length used when the request names none: ``preferred`` when it divides ``max_tokens``, else the
+    largest divisor of ``max_tokens`` below it, unless that is under a quarter of ``preferred`` (blocks that short
+    decode nearly left to right), in which case the whole answer is one block."""
+    if max_tokens % preferred == 0:
+        return preferred
+    divisor = max(d for d in range(1, min(preferred, max_tokens) + 1) if max_tokens % d == 0)
+    return divisor if divisor * 4 >= preferred else max_tokens
+
+
 def validate(settings: GenerationSettings, max_context: int | None = None, prompt_tokens: int | None = None,
              model_config=None) -> None:
     """Raise SettingsError with a one-line message for the first setting that is out of range (and, given the

@@ -161,6 +161,9 @@ BAD_INPUTS = [
     (["--prompt", "hi", "--device", "cuda"], "argument --device: device 'cuda': no CUDA GPU"),
     (["--prompt", "hi", "--device", "gpu0"], "argument --device: unknown device 'gpu0'"),
     (["--prompt", "hi", "--gen-length", "0"], "argument --gen-length: gen length must be at least 1"),
+    (["--prompt", "hi", "--gen-length", "-5"], "argument --gen-length: gen length must be at least 1"),
+    (["--prompt", "hi", "--gen-length", "100", "--steps", "50"],  # 4 blocks of 25 (chosen): 50 is no multiple of 4
+     "steps 50 must be a multiple of the number of blocks (4)"),
     (["--batch-file", "/nonexistent/prompts.txt"], "cannot read"),
     ([], "--prompt"),
     (["hi", "--prompt", "hi"], "give the prompt once"),
@@ -206,6 +209,93 @@ def test_graphs_are_on_unless_no_graphs(tiny_llada, monkeypatch, capsys):
     base = ["generate", "--model", str(tiny_llada), "--prompt", "hi", *FAST]
     assert run(base, capsys)[0] == 0 and run(base + ["--no-graphs"], capsys)[0] == 0
     assert [engine.graphs for engine in loaded] == [True, False]
+
+
+# ---- --gen-length without --block-length: a block length that divides it is chosen --------------------------
+def generate_args(*flags):
+    from flash_dllm.app.cli import build_parser
+
+    return build_parser().parse_args(["generate", "hi", *flags])
+
+
+@pytest.mark.parametrize("flags, block", [
+    (["--gen-length", "100"], 25),  # 32 does not divide 100: its largest divisor up to 32
+    (["--gen-length", "128"], 32),
+    (["--gen-length", "97"], 97),  # prime: one block, not 97 blocks of one token
+    ([], 32),  # the defaults: 128 in blocks of 32
+    (["--gen-length", "10", "--block-length", "4"], 4),  # an explicit block length is kept, even a wrong one
+])
+def test_settings_choose_a_block_length_only_when_none_is_given(flags, block):
+    from flash_dllm.app.cli import settings_from
+    from flash_dllm.engine import GenerationSettings, SettingsError, block_length_for, validate
+
+    settings = settings_from(generate_args(*flags))
+    assert settings.block_length == block
+    if "--block-length" in flags:
+        with pytest.raises(SettingsError, match="multiple of block length 4"):
+            validate(settings)
+    else:
+        validate(settings)
+        assert settings.block_length == block_length_for(settings.gen_length, GenerationSettings().block_length)
+
+
+def test_steps_are_judged_against_the_chosen_blocks():
+    """--steps must be a multiple of the number of blocks, here the chosen ones: 100 tokens are 4 blocks of 25."""
+    from flash_dllm.app.cli import settings_from
+    from flash_dllm.engine import SettingsError, validate
+
+    for steps in (4, 20, 52, 100):
+        settings = settings_from(generate_args("--gen-length", "100", "--steps", str(steps)))
+        assert (settings.block_length, settings.n_blocks, settings.steps) == (25, 4, steps)
+        validate(settings)
+    for steps in (2, 50, 101):
+        with pytest.raises(SettingsError, match=r"multiple of the number of blocks \(4\)"):
+            validate(settings_from(generate_args("--gen-length", "100", "--steps", str(steps))))
+
+
+def test_gen_length_alone_decodes_an_answer_of_that_length(family_folder, capsys):
+    """`generate --gen-length 40` with no --block-length once failed: the default block length 32 divides no 40."""
+    _, folder = family_folder
+    code, out, err = run(["generate", "--model", str(folder), "--prompt", "What is 2+3?", "--method", "llada",
+                          "--gen-length", "40", "--steps", "8", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["settings"]["gen_length"] == 40 and doc["settings"]["block_length"] == 20  # 2 blocks of 20
+    assert doc["forward_passes"] == doc["steps"] <= 8 and 0 < len(doc["token_ids"]) <= 40
+    if doc["finish_reason"] == "length":
+        assert doc["steps"] == 8 and len(doc["token_ids"]) == 40
+    code, out, err = run(["generate", "--model", str(folder), "--prompt", "What is 2+3?", "--method", "llada",
+                          "--gen-length", "40"], capsys)
+    assert code == 0 and STATS.match(out.rstrip().splitlines()[-1]), err
+
+
+def test_a_block_diffusion_model_keeps_its_own_block_size(tiny_llada, monkeypatch, capsys):
+    """A block-diffusion model decodes only in its own block size: without --block-length that one is used, not
+    one chosen to divide --gen-length, and a --gen-length that is no multiple of it is refused in one line."""
+    import dataclasses
+
+    from flash_dllm.engine import Engine
+
+    load = Engine.load.__func__
+
+    def block_model(cls, *args, **kwargs):
+        engine = load(cls, *args, **kwargs)
+        engine.model.config = dataclasses.replace(engine.model.config, block_size=8)
+        return engine
+
+    monkeypatch.setattr(Engine, "load", classmethod(block_model))
+    base = ["generate", "--model", str(tiny_llada), "--prompt", "hi", "--json"]
+    code, out, err = run(base + ["--gen-length", "40"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["method"] == "block-diffusion" and doc["settings"]["block_length"] == 8
+    assert_usage_error(*run(base + ["--gen-length", "36"], capsys),
+                       "argument --gen-length: gen length 36 must be a positive multiple of block length 8")
+
+
+def test_block_length_help_names_the_default_and_the_divisor_rule(capsys):
+    out = " ".join(run(["generate", "--help"], capsys)[1].split())
+    assert "block length (default 32, or a divisor of --gen-length when 32 does not divide it" in out
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"]])
