@@ -120,8 +120,9 @@ def run_generation(engine, prompts, settings, stop_after: int):
 
 def measure(engine, method: str, batch: int, args) -> dict:
     from flash_dllm.engine.block_diffusion import benchmark_config
+    from flash_dllm.engine.settings import block_length_for
 
-    block = 32 if args.gen_length % 32 == 0 else args.gen_length
+    block = block_length_for(args.gen_length, 32)  # as `generate` and the API choose one
     model_config = engine.model.config  # a block method's cell times a block-causal variant of the geometry
     engine.model.config = benchmark_config(model_config, method, block)
     try:
