@@ -24,12 +24,15 @@ def main(out: str, paths: list[str]) -> None:
     results = [json.load(open(path)) for path in paths]
     rows = [row for result in results for row in result["rows"] if "ms_per_iter_median" in row]
     panels = sorted({(r["model"], r["batch"]) for r in rows}, key=lambda p: (p[1], p[0]))
+    gpu = results[0]["environment"].get("device_name", "GPU")
+    eager = EAGER if "H200" in gpu else {}  # the eager loop was measured on an H200 only
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.8), squeeze=False)
     for ax, (model, batch) in zip(axes[0], panels):
         cells = [r for r in rows if (r["model"], r["batch"]) == (model, batch)]
         xs = range(len(cells))
-        before = [EAGER.get((model, batch), {}).get(r["method"], 0) for r in cells]
-        ax.bar([x - 0.2 for x in xs], before, 0.4, color="#bbbbbb", label="eager loop (2026-12-04)")
+        before = [eager.get((model, batch), {}).get(r["method"], 0) for r in cells]
+        if any(before):
+            ax.bar([x - 0.2 for x in xs], before, 0.4, color="#bbbbbb", label="eager loop (2026-12-04)")
         ax.bar([x + 0.2 for x in xs], [r["ms_per_iter_median"] for r in cells], 0.4, color="#4c72b0",
                yerr=[[r["ms_per_iter_median"] - r["ms_per_iter_min"] for r in cells],
                      [r["ms_per_iter_max"] - r["ms_per_iter_median"] for r in cells]], capsize=3,
@@ -44,7 +47,6 @@ def main(out: str, paths: list[str]) -> None:
         ax.set_ylabel("ms per iteration")
     axes[0][0].legend(fontsize=7, loc="upper left")
     days = ", ".join(sorted({result["date"][:10] for result in results}))
-    gpu = results[0]["environment"].get("device_name", "GPU")
     fig.suptitle(f"{gpu}, random weights, prompt 800, answer 512 ({days})", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

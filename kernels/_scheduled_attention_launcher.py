@@ -5,9 +5,12 @@ tile height, the plan's static `max_kv_len` and which optional inputs are presen
 picks the split count, the grids and the workspace; later calls only launch, so a call can be captured in a
 CUDA graph and replayed with new plan tensor contents. Nothing here reads plan tensor values.
 
-The workspace (the splits' partials) is one grow-only fp32 buffer per device shared by all buckets
-(stream-ordered launches reuse it; do not run one op on two streams at once). A buffer that is outgrown stays
-alive, because a graph captured earlier may still point into it.
+The workspace (the splits' partials) is two grow-only buffers per device shared by all buckets: the parts'
+outputs in the partial dtype and their row statistics in fp32 (stream-ordered launches reuse them; do not run
+one op on two streams at once). A buffer that is outgrown stays alive, because a graph captured earlier may
+still point into it. The partial dtype is the inputs' for fp16/bf16 (half the bytes of fp32: at batch 1 the
+partials of 128 query rows per split weigh about as much as the split's keys) and fp32 for fp32 inputs, or
+fp32 always with ``fp32_partials`` (tests, benchmarks).
 """
 from __future__ import annotations
 
@@ -63,7 +66,7 @@ class Bucket:
     n_parts: int  # workspace parts: the key splits, plus one for the in-query keys
     split_grid: tuple[int, int, int]
     combine_grid: tuple[int, int, int] | None  # None: one split, the split kernel writes the output
-    acc_ws: torch.Tensor | None  # [parts, rows, heads, head_dim] fp32 partial outputs, unnormalised
+    acc_ws: torch.Tensor | None  # [parts, rows, heads, head_dim] each part's normalised output (partial dtype)
     m_ws: torch.Tensor | None  # [parts, rows, heads] fp32 partial row max (log2 domain)
     l_ws: torch.Tensor | None  # [parts, rows, heads] fp32 partial row sum
     split_meta: dict
@@ -74,14 +77,15 @@ class TritonScheduledAttention:
     """Split-KV scheduled attention for one head geometry; call as f(q, k_cache, v_cache, plan, score_out)."""
 
     def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, n_splits: int | None = None,
-                 n_sms: int | None = None):
+                 n_sms: int | None = None, fp32_partials: bool = False):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.group = n_heads // n_kv_heads
         self.qk_scale_log2 = LOG2E / math.sqrt(head_dim)
         self.forced_splits = n_splits  # tests and benchmarks pin the split count
         self.n_sms = n_sms
+        self.fp32_partials = fp32_partials  # read when a bucket is made
         self._buckets: OrderedDict[BucketKey, Bucket] = OrderedDict()
-        self._workspaces: dict[torch.device, torch.Tensor] = {}
+        self._workspaces: dict[tuple[torch.device, str, torch.dtype], torch.Tensor] = {}
         self._outgrown: list[torch.Tensor] = []  # kept alive for graphs that captured them
 
     def bucket(self, q: torch.Tensor, plan, score_out: torch.Tensor | None = None) -> Bucket:
@@ -147,22 +151,25 @@ class TritonScheduledAttention:
             return Bucket(1, 1, (key.n_tiles, self.n_heads, 1), None, None, None, None, split_meta, {})
         n_parts = n_splits + key.has_inq
         combine_meta = {"HEAD_DIM": self.head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "N_PARTS": n_parts}
-        acc_ws, m_ws, l_ws = self._workspace(key.device, n_parts * key.n_rows * self.n_heads)
+        n_row_heads = n_parts * key.n_rows * self.n_heads
+        partial = key.dtype if key.dtype in (torch.float16, torch.bfloat16) and not self.fp32_partials else torch.float32
+        acc_ws = self._workspace(key.device, "outputs", partial, n_row_heads * self.head_dim)
+        stats = self._workspace(key.device, "stats", torch.float32, 2 * n_row_heads)
+        m_ws, l_ws = stats[:n_row_heads], stats[n_row_heads:]
         combine_grid = (key.n_tiles, self.n_heads, block_m // COMBINE_ROWS.value)
         return Bucket(n_splits, n_parts, (key.n_tiles, self.n_heads, n_parts), combine_grid, acc_ws, m_ws, l_ws,
                       split_meta, combine_meta)
 
-    def _workspace(self, device: torch.device, n_row_heads: int):
-        """Views (acc, row max, row sum) over the device's shared buffer, grown (never shrunk) to fit."""
-        need = n_row_heads * (self.head_dim + 2)
-        buffer = self._workspaces.get(device)
+    def _workspace(self, device: torch.device, role: str, dtype: torch.dtype, need: int) -> torch.Tensor:
+        """The first ``need`` elements of the device's shared buffer for ``role`` ("outputs" or "stats") in this
+        dtype, grown (never shrunk) to fit."""
+        key = (device, role, dtype)
+        buffer = self._workspaces.get(key)
         if buffer is None or buffer.numel() < need:
             if buffer is not None:
                 self._outgrown.append(buffer)
-            buffer = self._workspaces[device] = torch.empty(need, dtype=torch.float32, device=device)
-        acc = buffer[: n_row_heads * self.head_dim]
-        m = buffer[n_row_heads * self.head_dim : n_row_heads * (self.head_dim + 1)]
-        return acc, m, buffer[n_row_heads * (self.head_dim + 1) : need]
+            buffer = self._workspaces[key] = torch.empty(need, dtype=dtype, device=device)
+        return buffer[:need]
 
 
 def _sm_count(device: torch.device) -> int:

@@ -7,8 +7,10 @@ Two launches when the keys are split (flash-decoding style), one when they are n
   the plan tensors (nothing is synchronised to the host) and runs an fp32 online softmax over one part of that
   sequence's keys: part s < n_splits is a contiguous range of its cache keys [0, kv_len) (the range is cut from
   the runtime kv_len, so every split has work while kv_len >= n_splits * KEY_GRANULE; later ones are empty),
-  part n_splits its in-query keys (Flash-Verify). It writes the unnormalised partial (acc, row max, row sum)
-  to a workspace. With ONE_PASS (a single split) one program walks all keys, then in-query keys, and writes
+  part n_splits its in-query keys (Flash-Verify). It writes its partial to a workspace: the part's own
+  normalised output (acc / row sum, in the workspace's dtype: the inputs' for 16-bit inputs, since a convex
+  combination of V rows fits V's range, which halves the bytes the partials cost at batch 1, where 128 query
+  rows per split weigh about as much as the split's keys) and its (row max, row sum) in fp32. With ONE_PASS (a single split) one program walks all keys, then in-query keys, and writes
   the normalised output itself, so no workspace and no second launch.
 * `_attention_combine_kernel`, grid (query tiles, query heads, BLOCK_M / 16): program z merges the parts of
   16 of the tile's rows into their final (row max, row sum) and normalised output. The number of parts is a
@@ -139,11 +141,14 @@ def _attention_split_kernel(
         tl.store(out_ptrs, (acc * inv_l[:, None]).to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
     else:
-        # Workspace [parts, rows, heads] (+ [head_dim] for acc); only the plan's valid rows are written.
+        # Workspace [parts, rows, heads] (+ [head_dim] for the output); only the plan's valid rows are written.
+        # l_i is 0 (an empty part: acc is 0) or >= 1, as above.
         ws_row = (part.to(tl.int64) * n_rows + offs_m) * tl.num_programs(1) + head
         tl.store(m_ws_ptr + ws_row, m_i, mask=row_ok)
         tl.store(l_ws_ptr + ws_row, l_i, mask=row_ok)
-        tl.store(acc_ws_ptr + ws_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+        part_out = acc * (1.0 / tl.maximum(l_i, 1.0))[:, None]
+        tl.store(acc_ws_ptr + ws_row[:, None] * HEAD_DIM + offs_d[None, :], part_out.to(acc_ws_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.autotune(configs=_combine_configs(), key=["BLOCK_M", "HEAD_DIM", "N_PARTS"], **_KEEP_TUNING)
@@ -167,11 +172,12 @@ def _attention_combine_kernel(
     m_f, l_f = _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, N_PARTS, COMBINE_ROWS)
     m_ref = tl.where(m_f == float("-inf"), 0.0, m_f)
     acc = tl.zeros([COMBINE_ROWS, BLOCK_D], dtype=tl.float32)
-    for p in tl.static_range(N_PARTS):
+    for p in tl.static_range(N_PARTS):  # each part's output, weighted by its share of the row sum
         m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"))
-        acc_ptrs = acc_ws_ptr + (p * part_stride + ws_row)[:, None] * HEAD_DIM + offs_d[None, :]
-        acc_p = tl.load(acc_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        acc += acc_p * tl.exp2(m_p - m_ref)[:, None]
+        l_p = tl.load(l_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=0.0)
+        out_ptrs_p = acc_ws_ptr + (p * part_stride + ws_row)[:, None] * HEAD_DIM + offs_d[None, :]
+        out_p = tl.load(out_ptrs_p, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        acc += out_p * (l_p * tl.exp2(m_p - m_ref))[:, None]
     out = acc * (1.0 / tl.maximum(l_f, 1.0))[:, None]  # l_f == 0: no visible key, acc is 0, output 0
     out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_out + (head * HEAD_DIM + offs_d)[None, :]
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])

@@ -136,6 +136,26 @@ def test_half_precisions(dtype):
     check(batch, batch.op(2), True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+def test_split_partials_are_kept_in_the_input_dtype(dtype):
+    """The parts' outputs go to the workspace in the inputs' dtype when it is 16-bit (half the bytes of fp32) and
+    in fp32 otherwise or when forced; the 16-bit partials cost at most one more rounding of each part than fp32
+    ones, and the row statistics stay fp32 in a buffer of their own."""
+    batch = Batch([3, 40, 90], [700, 130, 400], 4, 2, 32, dtype, keep_prob=0.2, in_query=True, score_prob=0.5)
+    results = {}
+    for forced in (False, True):
+        op = batch.op(3)
+        op.triton.fp32_partials = forced
+        out, out_ref, _, _ = check(batch, op, True)
+        bucket = op.triton.bucket(batch.q, batch.plan, batch.score_init)
+        assert bucket.acc_ws.dtype == (torch.float32 if forced or dtype == torch.float32 else dtype)
+        assert bucket.m_ws.dtype == bucket.l_ws.dtype == torch.float32
+        ws_bytes = bucket.acc_ws.numel() * bucket.acc_ws.element_size()
+        assert not (bucket.acc_ws.data_ptr() <= bucket.m_ws.data_ptr() < bucket.acc_ws.data_ptr() + ws_bytes)
+        results[forced] = rel_err(out[batch.valid], out_ref[batch.valid])
+    assert results[False] <= results[True] + torch.finfo(dtype).eps, results
+
+
 @pytest.mark.parametrize("n_splits", [1, 3])
 @pytest.mark.parametrize("block_m", [16, 24, 64])
 def test_tile_heights(block_m, n_splits):
