@@ -70,6 +70,8 @@ class Canvas:
     block_phase: int = 0  # blocks start at the cells congruent to this (block diffusion: from its first window)
     cached: set = field(default_factory=set)  # committed cells of completed blocks (block diffusion)
     finish_reason: str = ""
+    end_tokens: frozenset = frozenset()  # token ids that end the answer (CanvasStart.end_tokens)
+    end_at: int | None = None  # the earliest committed cell holding one of them
     _fragments: list[str] = field(default_factory=list, repr=False)
     _dirty: set = field(default_factory=set, repr=False)
 
@@ -84,7 +86,8 @@ class Canvas:
 
     @classmethod
     def from_start(cls, start: CanvasStart, record: bool = True, label: str = "") -> "Canvas":
-        return cls(start.gen_length, start.block_length, list(start.prompt_tail), start.method, record, label)
+        return cls(start.gen_length, start.block_length, list(start.prompt_tail), start.method, record, label,
+                   end_tokens=frozenset(start.end_tokens))
 
     # ------------------------------------------------------------------ folding
     def apply(self, event: StepEvent) -> None:
@@ -97,12 +100,19 @@ class Canvas:
         rejected = set(event.rejected)
         self.rejected = {c: p for c, p in zip(event.drafted, event.draft_pieces) if c in rejected}
         dirty |= self.window | self.fresh | self.accepted | set(self.rejected)
-        for cell, piece, conf in zip(event.committed, event.pieces, event.confidences):
+        tokens = event.tokens if len(event.tokens) == len(event.committed) else [None] * len(event.committed)
+        for cell, piece, conf, token in zip(event.committed, event.pieces, event.confidences, tokens):
             if 0 <= cell < self.gen_length and self.state[cell] != PADDING:
                 self.pieces[cell] = piece
                 self.confidence[cell] = conf
                 self.commit_step[cell] = event.step
                 self.state[cell] = COMMITTED
+                if token in self.end_tokens and (self.end_at is None or cell < self.end_at):
+                    if self.end_at is not None:
+                        dirty |= set(range(cell, self.end_at + 1))  # the old end and the cells between
+                    else:
+                        dirty |= set(range(cell, self.gen_length))
+                    self.end_at = cell
         if event.padding_from is not None and (self.padding_from is None or event.padding_from < self.padding_from):
             start = max(0, event.padding_from)
             for cell in range(start, self.padding_from if self.padding_from is not None else self.gen_length):
@@ -149,10 +159,18 @@ class Canvas:
     def padding_cells(self) -> int:
         return sum(1 for s in self.state if s == PADDING)
 
+    @property
+    def end_cell(self) -> int | None:
+        """The cell of the end token that ends the answer (None while none is committed)."""
+        return self.padding_from - 1 if self.padding_from is not None and self.padding_from > 0 else self.end_at
+
     def answer_preview(self) -> str:
-        """The committed prefix of the answer (pieces up to the first masked cell or the end token)."""
+        """The committed prefix of the answer (pieces up to the first masked cell or the end token; under the
+        official end rule the cells after the end token decode on, but are no part of the answer)."""
         out = []
         stop = self.gen_length if self.padding_from is None else max(0, self.padding_from - 1)
+        if self.end_at is not None:
+            stop = min(stop, self.end_at)
         for cell in range(stop):
             if self.state[cell] != COMMITTED:
                 break
@@ -181,16 +199,21 @@ class Canvas:
             classes.append("w")
         style, title, text = "", "", ""
         if state == COMMITTED:
-            end_cell = self.padding_from is not None and cell == self.padding_from - 1
+            end = self.end_cell
+            end_cell = cell == end
             if end_cell:
                 classes.append("e")
+            elif end is not None and cell > end:
+                classes.append("z")  # decoded after the end token (official end rule): not in the answer
             if cell in self.fresh:
                 classes.append("f")
             if cell in self.accepted:
                 classes.append("a")
             conf = self.confidence[cell]
             style = f' style="--t:{self.commit_step[cell]};--c:{conf:.2f}"'
+            after = end is not None and cell > end
             title = f"#{cell} step {self.commit_step[cell]} p={conf:.2f}" + (" end" if end_cell else "") + (
+                " after the end (not in the answer)" if after else "") + (
                 " (block cached)" if cell in self.cached else "")
             text = html.escape(display_piece(self.pieces[cell]))
         elif state == PADDING:
@@ -217,7 +240,13 @@ class Canvas:
         label = f"{html.escape(self.label)} · " if self.label else ""
         return (f'<div class="fd-head">{label}<b>{html.escape(self.method)}</b> · step {self.steps} · '
                 f"{self.committed_cells}/{self.gen_length} committed · {self.masked_cells} masked · "
-                f"{self.padding_cells} padding · <span class=\"fd-status\">{status}</span></div>")
+                f"{self.padding_cells} padding{self._end_note()} · <span class=\"fd-status\">{status}</span></div>")
+
+    def _end_note(self) -> str:
+        """Under the official end rule no cell becomes padding: say where the answer ended."""
+        if self.end_at is None or self.padding_from is not None:
+            return ""
+        return f" · answer ends at #{self.end_at}"
 
     def prompt_html(self) -> str:
         tail = "".join(html.escape(display_piece(p)) for p in self.prompt_tail)
@@ -227,17 +256,28 @@ class Canvas:
         cells = "".join(self.cell_fragments())
         return (f'<div class="fd-canvas" data-step="{self.steps}" data-masked="{self.masked_cells}" '
                 f'style="--n:{max(self.steps, 1)}">{self.header()}<div class="fd-cells">{self.prompt_html()}'
-                f"{cells}</div>{LEGEND}</div>")
+                f"{cells}</div>{legend(self.method, self.end_at is not None and self.padding_from is None)}</div>")
 
 
-LEGEND = (
-    '<div class="fd-legend"><i class="k m"></i>masked <i class="k c" style="--t:0;--c:.9">a</i>'
+_LEGEND_ENTRIES = (
+    '<i class="k m"></i>masked <i class="k c" style="--t:0;--c:.9">a</i>'
     '<i class="k c" style="--t:1;--c:.9">b</i>committed (early → late, pale = unsure) '
     '<i class="k c f" style="--t:1;--c:.9">n</i>this step <i class="k m w"></i>window '
     '<i class="k c a" style="--t:1;--c:.9">d</i>draft accepted <i class="k m r">x</i>draft rejected '
     '<i class="k c e" style="--t:1;--c:.9">⏎</i>end <i class="k p"></i>EOS padding '
-    '<i class="k c x" style="--t:1;--c:.9">k</i>block cached (block diffusion)</div>'
 )
+_AFTER_END_ENTRY = '<i class="k c z" style="--t:1;--c:.9">z</i>after the end (decoded, not in the answer) '
+_BLOCK_CACHED_ENTRY = '<i class="k c x" style="--t:1;--c:.9">k</i>block cached (block diffusion)'
+# Every entry (an exported canvas replays any step, so it shows them all).
+LEGEND = f'<div class="fd-legend">{_LEGEND_ENTRIES}{_AFTER_END_ENTRY}{_BLOCK_CACHED_ENTRY}</div>'
+
+
+def legend(method: str, after_end: bool) -> str:
+    """The legend of a live canvas: only the entries its method can show."""
+    extra = (_AFTER_END_ENTRY if after_end else "") + (_BLOCK_CACHED_ENTRY if method.startswith("block-diffusion")
+                                                       else "")
+    return f'<div class="fd-legend">{_LEGEND_ENTRIES}{extra}</div>'
+
 
 
 def empty_canvas_html(message: str = "The canvas appears here while an answer is decoded.") -> str:

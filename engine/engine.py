@@ -237,7 +237,8 @@ class Engine:
                 session.method.reset(session.canvas)
                 for index, ids in enumerate(encoded):
                     tail = [self.tokenizer.piece(t) for t in ids[-24:]]
-                    emit(CanvasStart(index, settings.gen_length, settings.block_length, tail, settings.method))
+                    emit(CanvasStart(index, settings.gen_length, settings.block_length, tail, settings.method,
+                                     sorted(self.tokenizer.end_ids)))
                 with torch.no_grad():
                     outcome = session.run(emit, self.tokenizer.piece, cancel, started)
                 results = self._results(session, settings, len(encoded), time.perf_counter() - started)

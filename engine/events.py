@@ -25,6 +25,9 @@ class CanvasStart:
     block_length: int
     prompt_tail: list[str]  # last few prompt tokens as display pieces
     method: str
+    # Token ids that end the answer (EOS, end of turn): the answer is the text before the first one committed.
+    # Under the official end rule the cells after it still decode (as the published samplers do), as tokens.
+    end_tokens: list[int] = field(default_factory=list)
     kind: str = "start"
 
     def to_dict(self) -> dict:

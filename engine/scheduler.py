@@ -125,7 +125,8 @@ class Scheduler:
         """The request's canvas, all masked, as soon as it is queued: a request admitted a few (prefill-heavy)
         steps later, or one that waits for the running batch, shows its canvas at once."""
         s, piece = request.settings, self.engine.tokenizer.piece
-        request.emit(CanvasStart(0, s.gen_length, s.block_length, [piece(t) for t in request.ids[-24:]], s.method))
+        request.emit(CanvasStart(0, s.gen_length, s.block_length, [piece(t) for t in request.ids[-24:]], s.method,
+                                 sorted(self.engine.tokenizer.end_ids)))
 
     def infos(self) -> list[RequestInfo]:
         with self.wake:

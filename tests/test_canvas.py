@@ -34,6 +34,38 @@ def test_display_piece_makes_every_token_visible():
     assert display_piece(" the") == " the"
 
 
+def test_official_end_rule_answer_ends_at_the_first_end_token():
+    """The official end rule decodes every cell (no padding): the live answer stops before the first committed
+    end token, that cell is the end, later cells are marked as outside the answer, also when an earlier end
+    token commits after a later one."""
+    begin = CanvasStart(seq=0, gen_length=8, block_length=8, prompt_tail=["Hi"], method="llada", end_tokens=[2, 9])
+    canvas = Canvas.from_start(begin)
+    canvas.render()
+    canvas.apply(StepEvent(seq=0, step=0, committed=[0, 5, 6], tokens=[5, 9, 2],
+                           pieces=["Hi", "<|eot_id|>", "<|endoftext|>"], confidences=[0.9, 0.9, 0.9]))
+    assert canvas.answer_preview() == "Hi"
+    classes = cell_classes(canvas.render())
+    assert "e" in classes[5] and "z" in classes[6] and "z" not in classes[5] and "e" not in classes[0]
+    canvas.apply(StepEvent(seq=0, step=1, committed=[1, 2, 3], tokens=[6, 2, 7], pieces=["!", "<|endoftext|>", "x"],
+                           confidences=[0.9, 0.9, 0.9]))
+    html = canvas.render()
+    classes = cell_classes(html)
+    assert canvas.answer_preview() == "Hi!" and canvas.end_cell == 2
+    assert "e" in classes[2] and all("z" in classes[c] and "e" not in classes[c] for c in (3, 5, 6))
+    assert "answer ends at #2" in html and "after the end" in html and "block cached" not in html
+    assert canvas.padding_cells == 0
+
+
+def test_engine_tells_the_canvas_its_end_tokens(tmp_path):
+    """CanvasStart carries the tokenizer's end tokens, so a canvas can find where an answer ends."""
+    folder = write_tiny_model(tmp_path / "tiny", TinySpec())
+    engine = Engine.load(str(folder), device="cpu")
+    events = []
+    engine.generate(["hi"], GenerationSettings(method="llada", gen_length=8, block_length=8), on_event=events.append)
+    begin = next(e for e in events if isinstance(e, CanvasStart))
+    assert set(begin.end_tokens) == set(engine.tokenizer.end_ids) and begin.end_tokens
+
+
 def test_fold_marks_masked_committed_window_drafts_and_padding():
     canvas = Canvas.from_start(start())
     html = canvas.render()
