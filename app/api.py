@@ -39,8 +39,8 @@ from flash_dllm.app.models import Lease, ModelBusy, ModelHost, history_exchanges
 from flash_dllm.app.openai_request import ApiError, ChatRequest, invalid, param_of, parse_chat_request
 from flash_dllm.app.openai_stream import (KEEP_ALIVE, CommittedPrefix, CompletionMeta, TextStream, chunk,
                                           completion, sse, usage)
-from flash_dllm.engine import (EngineError, GenerationSettings, PromptError, SettingsError, StepEvent,
-                               keep_last_exchanges, validate)
+from flash_dllm.engine import (CanvasStart, EngineError, GenerationSettings, PromptError, SettingsError, StepEvent,
+                               keep_last_exchanges, tokens_per_forward, tokens_per_second, validate)
 
 
 @dataclass
@@ -73,6 +73,7 @@ class EngineCall:
     def __init__(self, lease: Lease, chat: ChatRequest, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
+        self.kernels = lease.engine.kernels  # the engine's kernel backend, for the numbers of a cut answer
         try:  # the request was parsed for the model loaded then: the leased one (a switch may be between) judges
             validate(chat.settings, model_config=lease.engine.model.config)
         except SettingsError as err:  # a method (or block length) this model cannot decode with
@@ -95,6 +96,12 @@ class EngineCall:
         if self.window is None:
             return {}
         return {"X-Flash-Dllm-History-Window": str(self.window), "X-Flash-Dllm-Messages-Left-Out": str(self.left_out)}
+
+    def numbers(self, outcome: Outcome) -> dict:
+        """The response's ``flash_dllm``: the engine's numbers, and what the model read of the conversation."""
+        if self.window is None:
+            return outcome.engine
+        return {**outcome.engine, "history_window": self.window, "messages_left_out": self.left_out}
 
     def _on_event(self, event) -> None:
         """On the engine's thread: schedule the put and return at once."""
@@ -129,10 +136,27 @@ class EngineCall:
         return result
 
 
+def numbers(method: str, steps: int, forward_passes: int, per_forward: float, per_s: float, elapsed_s: float,
+            kernels: str) -> dict:
+    """The engine's numbers under ``flash_dllm``: one shape whether the engine finished or a stop string cut."""
+    return {"method": method, "steps": int(steps), "forward_passes": int(forward_passes),
+            "tokens_per_forward": float(per_forward), "tokens_per_s": float(per_s), "elapsed_s": float(elapsed_s),
+            "kernels": kernels}
+
+
 def engine_numbers(result) -> dict:
-    return {"method": result.method, "steps": result.steps, "forward_passes": result.forward_passes,
-            "tokens_per_forward": result.tokens_per_forward, "tokens_per_s": result.tokens_per_s,
-            "elapsed_s": result.elapsed_s, "kernels": result.kernels}
+    """A finished request's numbers, from its GenerationResult."""
+    return numbers(result.method, result.steps, result.forward_passes, result.tokens_per_forward,
+                   result.tokens_per_s, result.elapsed_s, result.kernels)
+
+
+def step_numbers(last: StepEvent, tokens: int, method: str, kernels: str) -> dict:
+    """The numbers of an answer a stop string cut (its request cancelled, so no result): from its last step
+    event's cumulative counters, with ``tokens`` the completion tokens its usage reports; rounded as the
+    engine rounds a result's."""
+    forwards, elapsed = last.forward_passes, last.elapsed_s
+    return numbers(method, last.step + 1, forwards, round(tokens_per_forward(tokens, forwards), 3),
+                   round(tokens_per_second(tokens, elapsed), 3), round(elapsed, 4), kernels)
 
 
 async def answer(call: EngineCall, chat: ChatRequest, decode, poll_s: float) -> AsyncIterator:
@@ -145,6 +169,8 @@ async def answer(call: EngineCall, chat: ChatRequest, decode, poll_s: float) -> 
         if event is None:
             yield ""
             continue
+        if isinstance(event, CanvasStart) and event.seq == 0:
+            prefix.end_tokens = frozenset(event.end_tokens)
         if not isinstance(event, StepEvent) or event.seq != 0:
             continue
         if prefix.apply(event.committed, event.tokens, event.padding_from):
@@ -153,7 +179,8 @@ async def answer(call: EngineCall, chat: ChatRequest, decode, poll_s: float) -> 
                 yield delta
             if text.stopped:
                 call.close()
-                yield Outcome("stop", call.request.prompt_tokens, prefix.length, {"method": chat.settings.method})
+                yield Outcome("stop", call.request.prompt_tokens, prefix.length,
+                              step_numbers(event, prefix.length, chat.settings.method, call.kernels))
                 return
     result = call.result()
     delta = text.update(result.text, final=True)
@@ -303,11 +330,9 @@ class ChatApi:
                 if await request.is_disconnected():
                     call.close()
                     return Response(status_code=499)
-        numbers = outcome.engine
-        if call.window is not None:
-            numbers = {**numbers, "history_window": call.window, "messages_left_out": call.left_out}
         return JSONResponse(completion(meta, "".join(parts), outcome.finish_reason,
-                                       usage(outcome.prompt_tokens, outcome.completion_tokens), numbers),
+                                       usage(outcome.prompt_tokens, outcome.completion_tokens),
+                                       call.numbers(outcome)),
                             headers=call.history_headers())
 
     async def stream(self, call, chat, meta, decode) -> AsyncIterator[bytes]:
@@ -326,11 +351,14 @@ class ChatApi:
         except ApiError as err:  # after the 200 is sent an error can only travel in the stream
             yield sse(err.body())
             return
-        counts = usage(outcome.prompt_tokens, outcome.completion_tokens)
-        # usage rides on the finishing chunk unless the client asked for OpenAI's separate usage chunk
-        yield sse(chunk(meta, {}, outcome.finish_reason, None if chat.include_usage else counts))
+        counts, engine_fields = usage(outcome.prompt_tokens, outcome.completion_tokens), call.numbers(outcome)
+        # usage and the engine's numbers ride on the finishing chunk unless the client asked for OpenAI's
+        # separate usage chunk
         if chat.include_usage:
-            yield sse(chunk(meta, None, usage_=counts))
+            yield sse(chunk(meta, {}, outcome.finish_reason))
+            yield sse(chunk(meta, None, usage_=counts, engine=engine_fields))
+        else:
+            yield sse(chunk(meta, {}, outcome.finish_reason, counts, engine_fields))
         yield sse("[DONE]")
 
 

@@ -20,16 +20,21 @@ REPLACEMENT = "\ufffd"
 class CommittedPrefix:
     """The answer's cells as steps commit them, and how many of the first cells are all committed."""
 
-    def __init__(self, gen_length: int):
+    def __init__(self, gen_length: int, end_tokens: frozenset = frozenset()):
         self.cells: list[int | None] = [None] * gen_length
         self.end = gen_length  # the end token's cell once one is committed: the answer stops before it
         self.length = 0
+        # CanvasStart.end_tokens: under the official end rule no padding follows the end token and the cells
+        # after it decode on, so the end is where the first of these commits
+        self.end_tokens = end_tokens
 
     def apply(self, committed: list[int], tokens: list[int], padding_from: int | None) -> bool:
         """Fold one StepEvent's commits in; True when the committed prefix grew."""
         for cell, token in zip(committed, tokens):
             if 0 <= cell < len(self.cells):
                 self.cells[cell] = token
+                if token in self.end_tokens:
+                    self.end = min(self.end, cell)
         if padding_from is not None:
             self.end = min(self.end, padding_from - 1)
         grown = self.length
@@ -102,14 +107,17 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def chunk(meta: CompletionMeta, delta: dict | None, finish_reason: str | None = None,
-          usage_: dict | None = None) -> dict:
-    """A chat.completion.chunk; ``delta`` None makes the usage-only chunk (no choices) OpenAI ends with."""
+          usage_: dict | None = None, engine: dict | None = None) -> dict:
+    """A chat.completion.chunk; ``delta`` None makes the usage-only chunk (no choices) OpenAI ends with;
+    ``engine`` (the engine's numbers, as a completion's ``flash_dllm``) rides on the chunk that carries usage."""
     body = {"id": meta.id, "object": "chat.completion.chunk", "created": meta.created, "model": meta.model,
             "system_fingerprint": None,
             "choices": [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
                                                   "finish_reason": finish_reason}]}
     if usage_ is not None:
         body["usage"] = usage_
+    if engine is not None:
+        body["flash_dllm"] = engine
     return body
 
 

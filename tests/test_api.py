@@ -81,6 +81,10 @@ def test_a_stream_carries_the_committed_prefix_in_order_then_finish_and_usage(ap
     assert len(finish) == 1 and finish[0].choices[0].finish_reason == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 64
     assert chunks[-1].usage.prompt_tokens == reference.prompt_tokens
+    # the engine's numbers ride on the usage chunk, as a completion's flash_dllm
+    numbers = chunks[-1].model_extra["flash_dllm"]
+    assert numbers["forward_passes"] == reference.forward_passes and numbers["steps"] == reference.steps
+    assert all("flash_dllm" not in (c.model_extra or {}) for c in chunks[:-1])
     assert len({c.id for c in chunks}) == 1
 
 
@@ -96,6 +100,8 @@ def test_raw_sse_chunks_end_with_finish_usage_and_done(app, monkeypatch):
     # without stream_options.include_usage the usage rides on the one finishing chunk
     assert [d["choices"][0]["finish_reason"] for d in data] == [None] * (len(data) - 1) + ["length"]
     assert data[-1]["usage"]["completion_tokens"] == 64 and all("usage" not in d for d in data[:-1])
+    assert data[-1]["flash_dllm"]["forward_passes"] == spy.requests[0].result(10).forward_passes
+    assert all("flash_dllm" not in d for d in data[:-1])
     sent = "".join(d["choices"][0]["delta"].get("content", "") for d in data)
     assert sent == spy.requests[0].result(10).text
 
@@ -117,10 +123,23 @@ def test_engine_knobs_travel_as_extra_body_fields(app, client):
     assert answer.model_extra["flash_dllm"]["steps"] == reference.steps
 
 
+def assert_engine_numbers(numbers: dict, like: dict, completion_tokens: int) -> None:
+    """``flash_dllm`` has the keys (and value types) of ``like`` (a finished answer's) and sane values."""
+    assert set(numbers) == set(like) and all(type(numbers[k]) is type(like[k]) for k in like), (numbers, like)
+    assert numbers["steps"] >= 1 and numbers["forward_passes"] >= 1 and numbers["elapsed_s"] > 0
+    assert isinstance(numbers["kernels"], str) and numbers["kernels"] == like["kernels"]
+    assert numbers["tokens_per_forward"] == round(completion_tokens / numbers["forward_passes"], 3)
+    if completion_tokens:
+        assert numbers["tokens_per_forward"] > 0 and numbers["tokens_per_s"] > 0
+
+
 def test_a_stop_string_cuts_the_answer_and_finishes_with_stop(app, client):
     text = solo(app, "stop me", gen_length=64).text
     stop = text[20:23]
     expected = text[:text.index(stop)]
+    full = client.chat.completions.create(model=app.model, messages=messages("stop me"), max_tokens=64)
+    assert full.choices[0].message.content == text  # the same request without a stop string: the whole answer
+    whole = full.model_extra["flash_dllm"]
     for stream in (False, True):
         answer = client.chat.completions.create(model=app.model, messages=messages("stop me"), max_tokens=64,
                                                 stop=[stop, "never there"], stream=stream)
@@ -128,10 +147,15 @@ def test_a_stop_string_cuts_the_answer_and_finishes_with_stop(app, client):
             chunks = list(answer)
             content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             reason = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-            usage = chunks[-1].usage
+            usage, numbers = chunks[-1].usage, chunks[-1].model_extra["flash_dllm"]
+            assert all("flash_dllm" not in (c.model_extra or {}) for c in chunks[:-1])
         else:
             content, reason, usage = answer.choices[0].message.content, [answer.choices[0].finish_reason], answer.usage
+            numbers = answer.model_extra["flash_dllm"]
         assert content == expected and reason == ["stop"] and usage.completion_tokens < 64
+        # the engine's numbers, as a finished answer carries them: from the steps decoded before the cut
+        assert_engine_numbers(numbers, whole, usage.completion_tokens)
+        assert numbers["steps"] <= whole["steps"] and numbers["forward_passes"] <= whole["forward_passes"]
 
 
 def test_sampling_follows_temperature_and_seed(app, client):

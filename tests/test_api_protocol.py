@@ -28,6 +28,15 @@ def test_the_prefix_grows_only_when_its_first_cells_are_all_committed():
     assert not prefix.apply([3], [99], 4) and prefix.complete and prefix.token_ids() == [10, 11, 12]
 
 
+def test_under_the_official_end_rule_the_prefix_ends_at_the_first_end_token():
+    """No padding follows the end token (cells after it decode on, also into ordinary tokens): the answer ends
+    where the first end token committed, and a later, earlier end token moves the end back."""
+    prefix = CommittedPrefix(6, end_tokens=frozenset({99, 98}))
+    assert prefix.apply([0, 4, 5], [10, 99, 7], None) and prefix.token_ids() == [10] and not prefix.complete
+    assert prefix.apply([1, 3], [11, 5], None) and prefix.token_ids() == [10, 11]
+    assert not prefix.apply([2], [98], None) and prefix.complete and prefix.token_ids() == [10, 11]
+
+
 def test_any_commit_order_gives_the_same_final_prefix():
     rng = random.Random(0)
     for _ in range(50):
@@ -170,9 +179,12 @@ class ScriptedCall:
     def __init__(self, steps: list[tuple[list[int], int | None]], tokens: list[int], final_text: str):
         from flash_dllm.engine import GenerationResult, StepEvent
 
+        # cumulative counters as the engine sends them: one forward pass and 0.1 s a step
         self.pending = [StepEvent(seq=0, step=i, committed=cells, tokens=[tokens[c] for c in cells],
-                                  padding_from=end) for i, (cells, end) in enumerate(steps)]
+                                  padding_from=end, forward_passes=i + 1, elapsed_s=0.1 * (i + 1))
+                        for i, (cells, end) in enumerate(steps)]
         self.closed = False
+        self.kernels = "torch"
         result = GenerationResult(text=final_text, token_ids=tokens, forward_passes=len(steps), steps=len(steps),
                                   elapsed_s=0.1, tokens_per_s=1.0, method="flash-cache", model="m",
                                   finish_reason="length", prompt_tokens=3)
@@ -225,6 +237,15 @@ def test_the_answer_loop_stops_at_a_stop_string_and_cancels_the_request():
     items = [item for item in run_answer(call, stops=["cd"]) if item != ""]
     assert items[:-1] == ["ab"] and items[-1].finish_reason == "stop" and call.closed
     assert call.pending  # the rest of the answer was never waited for
+    # no result (the request was cancelled): the numbers come from the last step's counters, in the shape a
+    # finished answer's have; 4 tokens ("abcd" committed) in 3 steps of one forward pass each, 0.3 s
+    assert items[-1].completion_tokens == 4
+    assert items[-1].engine == {"method": GenerationSettings().method, "steps": 3, "forward_passes": 3,
+                                "tokens_per_forward": 1.333, "tokens_per_s": 13.333, "elapsed_s": 0.3,
+                                "kernels": "torch"}
+    finished = [item for item in run_answer(ScriptedCall([([0, 1, 2, 3, 4], None)], [0, 1, 2, 3, 4], "abcde"))
+                if item != ""][-1]
+    assert set(finished.engine) == set(items[-1].engine)
 
 
 def test_the_answer_loop_ends_at_the_end_token():
