@@ -100,8 +100,13 @@ def validate(settings: GenerationSettings, max_context: int | None = None, promp
         raise SettingsError(f"method {s.method} has no classifier-free guidance: cfg scale must be 0")
     if s.gen_length < 1:
         raise SettingsError(f"gen length must be at least 1 (got {s.gen_length})")
-    if s.block_length < 1 or s.gen_length % s.block_length:
+    if s.block_length < 1:
         raise SettingsError(f"gen length {s.gen_length} must be a positive multiple of block length {s.block_length}")
+    if s.gen_length % s.block_length:
+        below = s.gen_length // s.block_length * s.block_length
+        lengths = f"{below} or {below + s.block_length}" if below else f"{s.block_length}"
+        raise SettingsError(f"gen length {s.gen_length} must be a positive multiple of block length {s.block_length}: "
+                            f"use gen length {lengths}, or a block length that divides {s.gen_length}")
     if s.method == "dream":
         check_dream(s)
     elif s.steps is not None:
