@@ -19,7 +19,8 @@ from flash_dllm.app.model_settings import fixed_block_length
 from flash_dllm.app.models import model_purpose
 from flash_dllm.app.presets import default_knobs, preset_values
 from flash_dllm.app.stats import stats_rows, stats_table
-from flash_dllm.app.turns import AppContext, chat_choices, chat_messages, chat_turn, note, save_orphans
+from flash_dllm.app.turns import (REGENERATE_WAITS, AppContext, chat_choices, chat_messages, chat_turn, note,
+                                  save_orphans)
 from flash_dllm.engine import METHODS, memory_snapshot
 
 PRESET_KNOBS = ("block_length", "steps", "threshold", "gamma", "window", "lookahead", "track")
@@ -100,6 +101,19 @@ def regenerate(ctx: AppContext, chat_id, system="", method=None, side_by_side=Fa
              max_candidates, seed)
     yield from chat_turn(ctx.for_request(request), None, chat_id, system, method, side_by_side, method_b, knobs,
                          request.session_hash if request else None, regenerate=True)
+
+
+def regenerate_requested(ctx: AppContext, chat_id, request: gr.Request = None):
+    """The page's Regenerate click, beside the `regenerate` event: while the chosen chat's answer is being
+    decoded, that event waits in the "gpu" queue (one turn at a time) and then decodes the chat's last answer
+    again, replacing the one decoded meanwhile. The status says so now, and the turn decoding the chat keeps
+    saying so (`RegenerateRequests`) until the regenerate starts, as a message sent meanwhile is shown queued."""
+    ctx = ctx.for_request(request)
+    chat_id = resolve_chat_choice(ctx, chat_id)
+    session = request.session_hash if request is not None else None
+    if chat_id is None or not ctx.sessions.is_busy(chat_id) or not ctx.regenerations.ask(session, chat_id):
+        return gr.skip()
+    return note(f"{REGENERATE_WAITS}.")
 
 
 def stop(ctx: AppContext, request: gr.Request):
@@ -241,8 +255,19 @@ def rename_chat(ctx: AppContext, chat_id, title, request: gr.Request = None):
     return gr.update(choices=chat_choices(ctx.store), value=chat.id), "", note(f"Renamed to “{chat.title}”.")
 
 
+# What the page's Delete sends when its confirmation is cancelled: this prefix, then the chat's id (`delete_chat`
+# keeps that chat; "no chat" stays "Choose a chat to delete.")
+KEEP_CHAT = "keep:"
+
+
 def delete_chat(ctx: AppContext, chat_id, request: gr.Request = None):
     ctx = ctx.for_request(request)
+    if isinstance(chat_id, str) and chat_id.startswith(KEEP_CHAT):  # the confirmation was cancelled
+        try:
+            title = ctx.store.get(chat_id.removeprefix(KEEP_CHAT)).title
+        except KeyError:
+            return gr.skip(), gr.skip(), note("Nothing was deleted.")
+        return gr.skip(), gr.skip(), note(f"Kept “{title}”: nothing was deleted.")
     if not chat_id:
         return gr.skip(), gr.skip(), note("Choose a chat to delete.", "warn")
     try:
@@ -301,5 +326,6 @@ def on_unload(ctx: AppContext, request: gr.Request = None):
     if request is not None and request.session_hash:
         ctx.sessions.drop_session(request.session_hash, getattr(request, "username", None))
         ctx.recordings.drop_session(request.session_hash)
+        ctx.regenerations.drop_session(request.session_hash)
         for chat_id in list(ctx.sessions.orphans):
             save_orphans(ctx, chat_id)

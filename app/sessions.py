@@ -1,5 +1,6 @@
 """Per-page state of the running app: the turns each browser session runs (Stop cancels them), the
-messages queued per chat, and the last canvas per chat (so the canvas follows the chat the user opens)."""
+messages queued per chat, the last canvas per chat (so the canvas follows the chat the user opens), and the
+Regenerate clicks that wait for the answer being decoded."""
 from __future__ import annotations
 
 import threading
@@ -186,3 +187,51 @@ class Recordings:
     def drop_session(self, session: str) -> None:
         with self._lock:
             self._by_session.pop(session, None)
+
+
+class RegenerateRequests:
+    """Regenerate clicks that wait for the answer being decoded in their chat. Turns of the "gpu" group run one
+    at a time, so such a regenerate waits in Gradio's queue, where its handler cannot say so: the page's click
+    asks here first (`handlers.regenerate_requested`), and the turn decoding that chat says in its status that
+    the regenerate waits, until the regenerate starts. Keyed by page session and chat; a page that goes away
+    takes its requests with it. A click while that page's regenerate of the chat runs asks nothing: the page
+    drops such a click (the event is still in flight)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._asked: set[tuple[str, str]] = set()
+        self._running: dict[tuple[str, str], int] = {}
+
+    def ask(self, session: str | None, chat_id: str) -> bool:
+        """Note a regenerate of this chat that waits; False (nothing noted) while this page regenerates it."""
+        key = (session or "", chat_id)
+        with self._lock:
+            if self._running.get(key):
+                return False
+            self._asked.add(key)
+            return True
+
+    def waiting(self, session: str | None, chat_id: str) -> bool:
+        with self._lock:
+            return (session or "", chat_id) in self._asked
+
+    def start(self, session: str | None, chat_id: str | None) -> None:
+        """This page's regenerate of the chat starts: it waits no more."""
+        key = (session or "", chat_id or "")
+        with self._lock:
+            self._asked.discard(key)
+            self._running[key] = self._running.get(key, 0) + 1
+
+    def end(self, session: str | None, chat_id: str | None) -> None:
+        key = (session or "", chat_id or "")
+        with self._lock:
+            self._asked.discard(key)
+            left = self._running.get(key, 0) - 1
+            if left > 0:
+                self._running[key] = left
+            else:
+                self._running.pop(key, None)
+
+    def drop_session(self, session: str) -> None:
+        with self._lock:
+            self._asked = {key for key in self._asked if key[0] != session}

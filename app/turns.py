@@ -18,7 +18,7 @@ from flash_dllm.app.live import FRAME_S, LiveRun, RunView
 from flash_dllm.app.model_settings import DEFAULT_METHOD, DEFAULT_METHOD_B, page_settings
 from flash_dllm.app.models import ModelHost, history_exchanges
 from flash_dllm.app.presets import KNOBS, build_settings
-from flash_dllm.app.sessions import Recordings, Sessions
+from flash_dllm.app.sessions import Recordings, RegenerateRequests, Sessions
 from flash_dllm.engine import SettingsError
 
 # Outputs of `chat` / `regenerate`, in order (app/ui.py wires components in this order).
@@ -36,12 +36,16 @@ def save_orphans(ctx: "AppContext", chat_id: str) -> None:
             return  # the chat was deleted, or cannot be written: nothing left to keep it in
 
 
+REGENERATE_WAITS = "Regenerate waits for the answer being decoded, then decodes it again"
+
+
 @dataclass
 class AppContext:
     host: ModelHost
     store: ChatStore
     sessions: Sessions = field(default_factory=Sessions)
     recordings: Recordings = field(default_factory=Recordings)
+    regenerations: RegenerateRequests = field(default_factory=RegenerateRequests)
     export_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="flash-dllm-export-")))
     share_note: str = ""
     frame_s: float = FRAME_S
@@ -67,6 +71,36 @@ def chat_messages(chat: Chat | None, queued: list[str] = (), live: str | None = 
         out.append({"role": "user", "content": text})
         out.append({"role": "assistant", "content": "⏳ queued: waits for the answer being decoded"})
     return out
+
+
+def chat_now(ctx: "AppContext", chat_id: str | None):
+    """Chatbot value of a chat as it is now (its saved messages, then what is still queued for it); gr.skip()
+    when there is no such chat."""
+    if not chat_id:
+        return gr.skip()
+    try:
+        return chat_messages(ctx.store.get(chat_id), ctx.sessions.queued(chat_id))
+    except (KeyError, OSError):
+        return gr.skip()
+
+
+def drop_unused_chat(ctx: "AppContext", chat_id: str | None, session: str | None) -> bool:
+    """Remove the chat a refused message of this page started, while it is still empty: the page's `accept`
+    creates a chat for a first message before `chat` checks the message and its settings, and a refused first
+    message leaves no empty chat behind (as an API call, refused before any chat is made, leaves none). A chat
+    with messages, queued messages or a turn decoding it is kept, as is one this page did not start."""
+    if not chat_id or not session or ctx.sessions.started_by(session) != chat_id:
+        return False
+    with ctx.sessions.accepting:  # no message of this page joins the chat meanwhile
+        try:
+            chat = ctx.store.get(chat_id)
+            if chat.messages or ctx.sessions.queued(chat_id) or ctx.sessions.is_busy(chat_id):
+                return False
+            ctx.store.delete(chat_id)
+        except (KeyError, OSError):
+            return False
+    ctx.recordings.forget(chat_id)
+    return True
 
 
 def note(text: str, kind: str = "") -> str:
@@ -121,13 +155,20 @@ def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system:
     page_gone = threading.Event()
     outputs = _turn_outputs(ctx, message, chat_id, system, method, side_by_side, method_b, knob_values, session,
                             regenerate, page_gone)
-    for output in outputs:
-        try:
-            yield output
-        except GeneratorExit:
-            page_gone.set()
-            threading.Thread(target=_finish_unseen, args=(outputs,), name="flash-dllm-turn", daemon=True).start()
-            raise
+    regenerating = chat_id if regenerate and isinstance(chat_id, str) else None
+    if regenerating:
+        ctx.regenerations.start(session, regenerating)  # the answer it waited for (if any) is done
+    try:
+        for output in outputs:
+            try:
+                yield output
+            except GeneratorExit:
+                page_gone.set()
+                threading.Thread(target=_finish_unseen, args=(outputs,), name="flash-dllm-turn", daemon=True).start()
+                raise
+    finally:
+        if regenerating:
+            ctx.regenerations.end(session, regenerating)
 
 
 def _finish_unseen(outputs) -> None:
@@ -138,15 +179,17 @@ def _finish_unseen(outputs) -> None:
 CHAT_BUSY_POLL_S = 0.1
 
 
-def _wait_for_chat(ctx: AppContext, chat_id: str | None, session: str | None, page_gone: threading.Event, emit):
+def _wait_for_chat(ctx: AppContext, chat_id: str | None, session: str | None, page_gone: threading.Event, emit,
+                   regenerate: bool = False):
     """Yield a status until no turn is decoding the chat: one whose page went away may still be finishing its
     answer, which must land in the chat before this turn adds a message (turns of the page run one at a time).
     Returns whether the page's Stop ended the wait (the message then never reaches the chat)."""
     if chat_id is None or not ctx.sessions.is_busy(chat_id):
         return False
     if not page_gone.is_set():
+        what = "the regenerate" if regenerate else "this message"
         yield emit(status=note("Waiting for this chat's previous answer, still being decoded after its page was "
-                               "reloaded; this message comes next (Stop takes it back)."))
+                               f"reloaded; {what} comes next (Stop takes it back)."))
     waiting = ctx.sessions.begin_waiting(session)
     try:
         while ctx.sessions.is_busy(chat_id) and not waiting.stopped.is_set():
@@ -170,16 +213,30 @@ def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, sys
     text = clean_text(message).strip()
     system = clean_text(system if isinstance(system, str) else "")
     knobs = dict(zip(KNOBS, knob_values, strict=True))
-    queued = False
+    # the page's `accept` showed the message queued in its chat (starting one for a first message)
+    queued = not regenerate and bool(chat_id and session) and ctx.sessions.unqueue(chat_id, session, message)
+
+    def refuse(status: str, give_back: bool = True):
+        """The output of a turn that ends before it decodes: its status and, for a message, the message back in
+        the box and the chat as it now is (no longer showing the message queued); the empty chat a refused first
+        message started is removed again."""
+        changes = {"status": status}
+        if not regenerate:
+            if give_back:
+                changes["message"] = message
+            if queued and drop_unused_chat(ctx, chat_id, session):
+                changes.update(chats=gr.update(choices=chat_choices(ctx.store), value=None), chatbot=[])
+            else:
+                changes["chatbot"] = chat_now(ctx, chat_id)
+        return emit(**changes)
+
     if not regenerate:
-        if chat_id and session:
-            queued = ctx.sessions.unqueue(chat_id, session, message)
         if not text:
-            yield emit(status=note("Type a message first.", "warn"))
+            yield refuse(note("Type a message first.", "warn"), give_back=False)
             return
         if len(text) > ctx.max_message_chars:
-            yield emit(status=note(f"The message is {len(text)} characters long; the limit is {ctx.max_message_chars}.",
-                                   "error"), message=message)
+            yield refuse(note(f"The message is {len(text)} characters long; the limit is {ctx.max_message_chars}.",
+                              "error"))
             return
     # an API call that names no method gets the loaded model's own (a block model refuses flash-cache)
     method, method_b = loaded_model_methods(ctx, method, method_b)
@@ -187,12 +244,12 @@ def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, sys
         settings = build_settings(method, **knobs)
         settings_b = build_settings(method_b, **knobs) if side_by_side else None
     except (SettingsError, ValueError, TypeError) as err:
-        yield emit(status=note(f"Setting not accepted: {err}", "error"), message=message if not regenerate else gr.skip())
+        yield refuse(note(f"Setting not accepted: {err}", "error"))
         return
     if ctx.host.engine is None:
-        yield emit(status=note("No model is loaded: choose one under Model.", "error"), message=message)
+        yield refuse(note("No model is loaded: choose one under Model.", "error"))
         return
-    if (yield from _wait_for_chat(ctx, chat_id, session, page_gone, emit)):
+    if (yield from _wait_for_chat(ctx, chat_id, session, page_gone, emit, regenerate)):
         said = "nothing was regenerated" if regenerate else "your message is back in the box"
         try:
             shown = chat_messages(ctx.store.get(chat_id), ctx.sessions.queued(chat_id))
@@ -213,10 +270,10 @@ def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, sys
     except KeyError:
         said = ("Nothing to regenerate: send a message first." if not chat_id else
                 "Nothing to regenerate: that chat does not exist (any more).")
-        yield emit(status=note(said, "warn"))
+        yield refuse(note(said, "warn"), give_back=False)
         return
     except OSError as err:
-        yield emit(status=note(f"{err}", "error"), message=message if not regenerate else gr.skip())
+        yield refuse(note(f"{err}", "error"))
         return
     if regenerate:
         replace = bool(chat.messages) and chat.messages[-1]["role"] == "assistant"
@@ -233,7 +290,7 @@ def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, sys
         try:
             shown = chat if saved_before else ctx.store.add_message(chat.id, "user", text)
         except OSError as err:
-            yield emit(status=note(f"{err}", "error"), message=message)
+            yield refuse(note(f"{err}", "error"))
             return
         asked = text
     prompt = shown.conversation()
@@ -271,6 +328,8 @@ def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, sys
                     waiting = view.waiting_note()
                     state = f"Decoding ({label}: {run_settings.method}) · step {view.stats.steps}" + (
                         f" · {waiting}" if waiting else "")
+                    if ctx.regenerations.waiting(session, chat.id):  # this page clicked Regenerate meanwhile
+                        state += f" · {REGENERATE_WAITS}"
                     updates = {canvas_key: view.canvas_html(), stats_key: view.stats_html(),
                                "status": note(state)}
                     updates["chatbot"] = chat_messages(shown, ctx.sessions.queued(chat.id), live)

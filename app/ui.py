@@ -107,7 +107,7 @@ def chat_column(ctx: AppContext, page: SimpleNamespace) -> None:
             page.method_info = gr.Markdown(METHODS[method])
             page.model_defaults = gr.HTML(model.note() if model else "", elem_id="model-defaults-box")
             page.preset = gr.Radio(list(PRESETS), value=model.preset if model else DEFAULT_PRESET, label="Preset",
-                                   info="none selected: the model's published defaults")
+                                   info="sets the knob values below; none selected: the model's published defaults or values set by hand")
             page.system = gr.Textbox("", label="System prompt", lines=2, placeholder="(optional)")
             with gr.Row():
                 page.side = gr.Checkbox(label="Side by side", value=False)
@@ -167,6 +167,9 @@ def wire_turns(ctx: AppContext, page: SimpleNamespace) -> None:
         bind(h.chat, ctx), [page.turn_msg, page.chats, *settings_inputs], turn_outputs, api_name="chat",
         concurrency_id="gpu", concurrency_limit=1, show_progress="minimal", show_progress_on=page.status,
         trigger_mode="multiple").then(None, js=DISARM_STOP, **stop_colour)
+    # beside the queued regenerate: says at once when it waits for the answer being decoded
+    page.regen_btn.click(bind(h.regenerate_requested, ctx), page.chats, page.status, queue=False,
+                         api_name="regenerate_requested", api_visibility="private", show_progress="hidden")
     page.regen_btn.click(bind(h.regenerate, ctx), [page.chats, *settings_inputs], turn_outputs, api_name="regenerate",
                          concurrency_id="gpu", concurrency_limit=1, show_progress="minimal",
                          show_progress_on=page.status).then(None, js=DISARM_STOP, **stop_colour)
@@ -194,6 +197,11 @@ REMEMBERED_CHAT = (f"(remembered, current) => {{ let id = ''; try {{ id = sessio
                    f" }} catch (e) {{}} return [id, current]; }}")
 
 
+# Client-side only: Delete asks first; a cancelled confirmation sends the chat's id marked as kept (h.KEEP_CHAT),
+# so that the status says the chat was kept rather than that no chat is chosen.
+CONFIRM_DELETE = (f"(id) => !id ? null : confirm('Delete this chat for good?') ? id : '{h.KEEP_CHAT}' + id")
+
+
 def wire_chats(ctx: AppContext, page: SimpleNamespace) -> None:
     listing = [page.chats, page.chatbot, page.status]
     # after any change of the chosen chat, the canvas column follows it (its own private event, so the public
@@ -213,7 +221,7 @@ def wire_chats(ctx: AppContext, page: SimpleNamespace) -> None:
     page.rename_btn.click(bind(h.rename_chat, ctx), [page.chats, page.rename_box],
                           [page.chats, page.rename_box, page.status], api_name="rename_chat")
     page.delete_btn.click(bind(h.delete_chat, ctx), page.chats, listing, api_name="delete_chat",
-                          js="(id) => (id && confirm('Delete this chat for good?')) ? id : null").then(
+                          js=CONFIRM_DELETE).then(
         api_name="canvas_after_delete", **canvas)
     page.export_btn.click(bind(h.export_chat, ctx), [page.chats, page.export_fmt], [page.chat_file, page.status],
                           api_name="export_chat")
