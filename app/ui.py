@@ -107,7 +107,8 @@ def chat_column(ctx: AppContext, page: SimpleNamespace) -> None:
             page.method_info = gr.Markdown(METHODS[method])
             page.model_defaults = gr.HTML(model.note() if model else "", elem_id="model-defaults-box")
             page.preset = gr.Radio(list(PRESETS), value=model.preset if model else DEFAULT_PRESET, label="Preset",
-                                   info="sets the knob values below; none selected: the model's published defaults or values set by hand")
+                                   info="sets the knob values below; none selected: the model's published "
+                                        "defaults or values set by hand")
             page.system = gr.Textbox("", label="System prompt", lines=2, placeholder="(optional)")
             with gr.Row():
                 page.side = gr.Checkbox(label="Side by side", value=False)
