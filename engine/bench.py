@@ -33,7 +33,10 @@ SKIP = 3  # iterations not timed: the first step (whole prompts), and the steps 
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="flash-dllm-chat bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="flash-dllm-chat bench",
+                                     description="`bench decode`: how fast the decode step runs on this machine, "
+                                                 "against its physical floors; `bench kernels`: the Triton kernels "
+                                                 "against the torch paths they replace.")
     sub = parser.add_subparsers(dest="what", metavar="WHAT", required=True)
     decode = sub.add_parser("decode", help="time the decode step of every method against the floors")
     source = decode.add_mutually_exclusive_group()

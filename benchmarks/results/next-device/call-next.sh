@@ -1,25 +1,25 @@
 #!/bin/bash
-# For the next device (written 2026-12-07, eleventh session). What that session measured on an H100 is in
-# benchmarks/README.md ("the skinny-GEMM selectors and the bookkeeping kernels in the step"); still open:
-# 1. Flash-Verify's verify-pass kernels (kernels/verify_batch.py, built after that lease): their GPU tests, the
-#    step against their tensor operations, graph == eager on tiny models;
-# 2. graph == eager at full geometry with them and with Fast-dLLM's block-schedule kernels;
-# 3. where a batch-1 flash-cache step goes now (profile), to update the README's breakdown;
+# For the next device (rewritten 2026-12-07, twelfth session; what that session measured on an H100 is in
+# benchmarks/README.md, "the decode table on an H100; Flash-Verify's pass kernels; 16-bit attention partials").
+# Still open, in this order:
+# 1. the bf16 attention partials on Dream-7B, and 6 key splits with them on both geometries (in one process each);
+# 2. graph == eager on the tiny models with the partials (this test compiles and tunes every kernel afresh on a
+#    new machine: give it 400 s; the twelfth session's 60 s and 380 s ran out after 9 cases, none failed);
 # then, on an H200 only, the README's decode table on this code (a call of its own per model:
 #    bash benchmarks/results/gpu-check-2026-12-06f/call2.sh llada-8b, then dream-7b),
 # and call-kernels.sh, call.sh (the weight layout for fast-dllm on an H100 and for Dream).
+# Two calls: `call-next.sh ab` (1, about 400 s), then `call-next.sh graph` (2).
 source benchmarks/device_env.sh
+export PYTHONUNBUFFERED=1
 start=$SECONDS; el() { echo "[elapsed $((SECONDS - start)) s]"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-timeout 60 python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_kernel_verify_batch.py \
-  2>&1 | tail -4 | tee $OUT/verify-batch-tests.txt; el
-timeout 90 python3 benchmarks/results/next-device/verify_batch_ab.py 2 llada-8b 2>&1 | grep -v Warning \
-  | tee $OUT/verify-batch-ab.txt; el
-timeout 60 python3 -m pytest -q -p no:cacheprovider --noconftest \
-  "tests/test_device_decoder.py::test_cuda_graph_replay_equals_eager_on_tiny_models" \
-  2>&1 | tail -3 | tee $OUT/graph-tiny.txt; el
-timeout 300 python3 -m pytest -q -p no:cacheprovider --noconftest \
-  "tests/test_device_decoder.py::test_cuda_graph_replay_equals_eager_at_full_geometry" \
-  2>&1 | tail -4 | tee $OUT/graph-full-geometry.txt; el
-timeout $((575 - SECONDS)) python3 benchmarks/profile_step.py --geometry llada-8b --method flash-cache \
-  2>&1 | grep -v Warning | head -40 | tee $OUT/profile-flash-cache.txt; el
+if [ "${1:-ab}" = ab ]; then
+timeout 200 python3 benchmarks/results/next-device/attention_partials_ab.py 2 dream-7b fp32,input-dtype 2>&1 | grep -v -i warn \
+  | tee $OUT/partials-ab-dream.txt; el
+timeout 200 python3 benchmarks/results/next-device/attention_partials_ab.py 2 llada-8b input-dtype,input-dtype-6-splits \
+  2>&1 | grep -v -i warn | tee $OUT/splits-ab-llada.txt; el
+else
+timeout $((590 - SECONDS + start)) python3 -m pytest -q -p no:cacheprovider --noconftest \
+  "tests/test_device_decoder.py::test_cuda_graph_replay_equals_eager_on_tiny_models" 2>&1 | tee $OUT/graph-tiny.txt \
+  | tail -3; el
+fi
