@@ -17,7 +17,7 @@ from flash_dllm.app.chats import CHAT_ID, clean_text, export_file
 from flash_dllm.app.export import export_gif, export_html
 from flash_dllm.app.model_settings import fixed_block_length
 from flash_dllm.app.models import model_purpose
-from flash_dllm.app.presets import default_knobs, preset_values
+from flash_dllm.app.presets import default_knobs, matching_preset, preset_values
 from flash_dllm.app.stats import stats_rows, stats_table
 from flash_dllm.app.turns import (REGENERATE_WAITS, AppContext, chat_choices, chat_messages, chat_turn, note,
                                   save_orphans)
@@ -302,6 +302,12 @@ def apply_preset(ctx: AppContext, name, gen_length):
     if block:  # a block-diffusion model decodes in its own block size only
         values["block_length"] = block
     return tuple(values[k] for k in PRESET_KNOBS)
+
+
+def preset_after_knobs(ctx: AppContext, gen_length, *values):
+    """The preset marked after a knob is set by hand: the one the knobs still match, else none."""
+    skip = ("block_length",) if fixed_block_length(ctx.host.engine) else ()
+    return matching_preset(gen_length, dict(zip(PRESET_KNOBS, values, strict=True)), skip)
 
 
 def method_info(m):

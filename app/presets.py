@@ -64,6 +64,22 @@ def preset_values(name: str, gen_length: int | None = None) -> dict:
     return preset
 
 
+def matching_preset(gen_length, values: dict, skip: tuple = ()) -> str | None:
+    """The preset whose knob values ``values`` holds (the knobs in ``skip`` not compared), else None: a knob set
+    by hand leaves no preset marked that no longer describes the knobs."""
+    def same(a, b) -> bool:
+        try:
+            return abs(float(a) - float(b)) < 1e-9
+        except (TypeError, ValueError):
+            return False
+
+    for name in PRESETS:
+        expected = preset_values(name, gen_length)
+        if all(same(values.get(knob), value) for knob, value in expected.items() if knob not in skip):
+            return name
+    return None
+
+
 def default_knobs() -> dict:
     values = {name: getattr(_DEFAULTS, name) for name in KNOBS}
     values.update(preset_values(DEFAULT_PRESET, _DEFAULTS.gen_length))

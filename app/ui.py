@@ -254,6 +254,10 @@ def wire_settings(ctx: AppContext, page: SimpleNamespace) -> None:
     knob_by_name = dict(zip(KNOBS, page.knob_inputs, strict=True))
     page.preset.input(bind(h.apply_preset, ctx), [page.preset, knob_by_name["gen_length"]],
                       [knob_by_name[k] for k in h.PRESET_KNOBS], api_name="preset")
+    preset_knobs = [knob_by_name["gen_length"], *(knob_by_name[k] for k in h.PRESET_KNOBS)]
+    for name in h.PRESET_KNOBS:  # a knob set by hand: the preset mark follows what the knobs now hold
+        knob_by_name[name].input(bind(h.preset_after_knobs, ctx), preset_knobs, page.preset, queue=False,
+                                 api_name=f"preset_after_{name}", api_visibility="private", show_progress="hidden")
     page.method.change(h.method_info, page.method, page.method_info, queue=False, api_name="method_info",
                        api_visibility="private")
     page.side.change(h.show_side_by_side, page.side, page.row_b, queue=False, api_name="side_by_side",

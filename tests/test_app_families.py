@@ -107,6 +107,26 @@ def test_a_preset_keeps_a_block_models_block_length(engines, tmp_path):
     assert values["block_length"] == 32 and values["threshold"] == 0.7  # a preset's own block for other models
 
 
+def test_a_knob_set_by_hand_unmarks_a_preset_it_no_longer_matches(engines, tmp_path):
+    """The preset mark follows the knobs: after a preset it stays, after a hand-set knob that leaves every preset
+    it is cleared, and a knob set back to the preset's value marks it again. A block model's fixed block
+    length is not compared (a preset cannot set it)."""
+    ctx = context(engines["llada"], tmp_path)
+    for name in ("fast", "balanced", "quality"):
+        values = h.apply_preset(ctx, name, 256)
+        assert h.preset_after_knobs(ctx, 256, *values) == name
+    values = dict(zip(h.PRESET_KNOBS, h.apply_preset(ctx, "quality", 256)))
+    assert h.preset_after_knobs(ctx, 256, *{**values, "threshold": 0.5}.values()) is None
+    assert h.preset_after_knobs(ctx, 256, *{**values, "threshold": 0.95}.values()) == "quality"
+    assert h.preset_after_knobs(ctx, 256, *{**values, "block_length": 8}.values()) is None
+    block_model = context(engines["llada2"], tmp_path)
+    values = dict(zip(h.PRESET_KNOBS, h.apply_preset(block_model, "fast", 256)))
+    assert values["block_length"] == 32 and h.preset_after_knobs(block_model, 256, *values.values()) == "fast"
+    from flash_dllm.app.presets import matching_preset
+    assert matching_preset(256, {**values, "block_length": 8}, skip=("block_length",)) == "fast"
+    assert matching_preset(256, {**values, "block_length": 8}) is None
+
+
 def last_outputs(turn) -> dict:
     """The final output tuple of a streamed turn (h.chat or h.regenerate), by output name."""
     *_, final = turn
