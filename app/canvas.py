@@ -143,6 +143,13 @@ class Canvas:
                 self.cached |= done
                 self._dirty |= done
 
+    def finish(self, reason: str) -> None:
+        """The sequence is done: the window of its last step is no longer one (its outline would stay drawn
+        over padding cells)."""
+        self.finish_reason = reason
+        self._dirty |= self.window
+        self.window = set()
+
     def apply_all(self, events) -> None:
         for event in events:
             self.apply(event)
@@ -181,10 +188,11 @@ class Canvas:
     def at_step(self, step: int) -> "Canvas":
         """A fresh canvas with the first ``step`` recorded steps applied (0 = all masked)."""
         step = max(0, min(step, len(self.events)))
-        replay = Canvas(self.gen_length, self.block_length, self.prompt_tail, self.method, record=False, label=self.label)
+        replay = Canvas(self.gen_length, self.block_length, self.prompt_tail, self.method, record=False,
+                        label=self.label, end_tokens=self.end_tokens)
         replay.apply_all(self.events[:step])
-        if step == len(self.events):
-            replay.finish_reason = self.finish_reason
+        if step == len(self.events) and self.finish_reason:
+            replay.finish(self.finish_reason)
         return replay
 
     # ------------------------------------------------------------------ rendering
@@ -212,10 +220,12 @@ class Canvas:
             conf = self.confidence[cell]
             style = f' style="--t:{self.commit_step[cell]};--c:{conf:.2f}"'
             after = end is not None and cell > end
-            title = f"#{cell} step {self.commit_step[cell]} p={conf:.2f}" + (" end" if end_cell else "") + (
+            title = f"#{cell} step {self.commit_step[cell]} p={conf:.2f}" + (
+                f" end {display_piece(self.pieces[cell])}" if end_cell else "") + (
                 " after the end (not in the answer)" if after else "") + (
                 " (block cached)" if cell in self.cached else "")
-            text = html.escape(display_piece(self.pieces[cell]))
+            # the end token shows as the legend's ⏎ (its own piece, often a long special token, in the title)
+            text = "⏎" if end_cell else html.escape(display_piece(self.pieces[cell]))
         elif state == PADDING:
             title = f"#{cell} EOS padding"
         else:

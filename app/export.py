@@ -21,7 +21,7 @@ def asset_text(name: str) -> str:
 
 def _fresh(recording: Canvas) -> Canvas:
     return Canvas(recording.gen_length, recording.block_length, recording.prompt_tail, recording.method,
-                  record=False, label=recording.label)
+                  record=False, label=recording.label, end_tokens=recording.end_tokens)
 
 
 def html_frames(recording: Canvas) -> dict:
@@ -38,7 +38,7 @@ def html_frames(recording: Canvas) -> dict:
     for number, event in enumerate(recording.events, start=1):
         canvas.apply(event)
         if number == len(recording.events):
-            canvas.finish_reason = recording.finish_reason
+            canvas.finish(recording.finish_reason)
         delta = []
         for cell, fragment in enumerate(canvas.cell_fragments()):
             index = intern(fragment)

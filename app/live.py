@@ -144,7 +144,7 @@ class RunView:
                 self.stats.gen_length = event.gen_length
             elif isinstance(event, SequenceDone):
                 if self.canvas is not None:
-                    self.canvas.finish_reason = event.finish_reason
+                    self.canvas.finish(event.finish_reason)
             elif isinstance(event, Finished):
                 self.result = event.results[0] if event.results else None
                 if self.result is not None:

@@ -54,6 +54,20 @@ def test_official_end_rule_answer_ends_at_the_first_end_token():
     assert "e" in classes[2] and all("z" in classes[c] and "e" not in classes[c] for c in (3, 5, 6))
     assert "answer ends at #2" in html and "after the end" in html and "block cached" not in html
     assert canvas.padding_cells == 0
+    assert ">⏎<" in html and "end &lt;|endoftext|&gt;" in html  # the legend's end mark; the piece in the title
+    replay = canvas.at_step(2)  # a replay (and an export) knows the end tokens too
+    assert replay.answer_preview() == "Hi!" and "z" in cell_classes(replay.render())[3]
+    canvas.finish("eos")
+    assert all("w" not in c for c in cell_classes(canvas.render()))  # no window outline once done
+
+
+def test_a_finished_canvas_drops_its_last_window():
+    canvas = Canvas.from_start(start(n=4, block=4))
+    canvas.apply(StepEvent(seq=0, step=0, committed=[0], tokens=[5], pieces=["a"], confidences=[0.9],
+                           window=[0, 1, 2, 3]))
+    assert sum("w" in c for c in cell_classes(canvas.render())) == 4
+    canvas.finish("length")
+    assert sum("w" in c for c in cell_classes(canvas.render())) == 0 and canvas.finish_reason == "length"
 
 
 def test_engine_tells_the_canvas_its_end_tokens(tmp_path):
