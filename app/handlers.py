@@ -168,6 +168,15 @@ def resolve_chat_choice(ctx: AppContext, value) -> str | None:
     return matches[0] if len(matches) == 1 else None
 
 
+def may_open(ctx: AppContext, chat_id: str) -> bool:
+    """Whether this request's login sees the chat (ctx: ctx.for_request)."""
+    try:
+        ctx.store.get(chat_id)
+    except (KeyError, OSError):
+        return False
+    return True
+
+
 def open_chat(ctx: AppContext, chat_id, request: gr.Request = None):
     ctx = ctx.for_request(request)
     chat_id = resolve_chat_choice(ctx, chat_id)
@@ -197,10 +206,11 @@ CANVAS_OUTPUTS = ("canvas_a", "stats_a", "canvas_b", "stats_b", "answer_b", "rep
 
 def chat_canvas(ctx: AppContext, chat_id, request: gr.Request = None):
     """The canvas column for the chat now chosen (see CANVAS_OUTPUTS): its last answer's canvas, stats and
-    recordings when this page decoded one, else empty; exports of another chat are hidden."""
-    session = request.session_hash if request is not None else None
-    chat_id = resolve_chat_choice(ctx.for_request(request), chat_id)
-    shown = ctx.recordings.get(session, chat_id) if chat_id else None
+    recordings while the app keeps them (any page of a login that may open the chat), else empty; exports of
+    another chat are hidden."""
+    ctx = ctx.for_request(request)
+    chat_id = resolve_chat_choice(ctx, chat_id)
+    shown = ctx.recordings.get(chat_id) if chat_id and may_open(ctx, chat_id) else None
     hidden = gr.update(value=None, visible=False)
     if shown is None or not shown.recordings or shown.recordings[0] is None:
         return (empty_canvas_html(), system_html(ctx, "Live stats"), empty_canvas_html("Side-by-side is off."), "",
@@ -331,7 +341,6 @@ def on_unload(ctx: AppContext, request: gr.Request = None):
     that chat ends), never dropped."""
     if request is not None and request.session_hash:
         ctx.sessions.drop_session(request.session_hash, getattr(request, "username", None))
-        ctx.recordings.drop_session(request.session_hash)
         ctx.regenerations.drop_session(request.session_hash)
         for chat_id in list(ctx.sessions.orphans):
             save_orphans(ctx, chat_id)

@@ -150,43 +150,39 @@ class Sessions:
 
 @dataclass
 class ChatCanvas:
-    """What the canvas column showed after a chat's last turn in one page: its recordings and stats."""
+    """What the canvas column showed after a chat's last turn: its recordings and stats."""
 
     recordings: list  # Canvas of run A (and B), replayable and exportable
     stats: list[str]
 
 
 class Recordings:
-    """The last turn's canvas per (page session, chat), so the canvas, stats and exports follow the chat the
-    user opens instead of showing another chat's answer. A few chats per session; dropped with the session."""
+    """The last turn's canvas per chat, so the canvas, stats and exports follow the chat the user opens instead
+    of showing another chat's answer, also in a reloaded page or another tab. Who may see a chat's canvas is
+    who may open the chat (the caller asks its login's chat store first). The most recent chats only: their
+    recorded steps are kept in memory, not on disk."""
 
-    PER_SESSION = 8
+    KEPT = 32
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._by_session: dict[str, dict[str, ChatCanvas]] = {}
+        self._by_chat: dict[str, ChatCanvas] = {}
 
-    def keep(self, session: str | None, chat_id: str, views: list) -> None:
+    def keep(self, chat_id: str, views: list) -> None:
         shown = ChatCanvas([v.canvas for v in views], [v.stats_html() for v in views])
         with self._lock:
-            chats = self._by_session.setdefault(session or "", {})
-            chats.pop(chat_id, None)
-            chats[chat_id] = shown
-            while len(chats) > self.PER_SESSION:
-                chats.pop(next(iter(chats)))
+            self._by_chat.pop(chat_id, None)
+            self._by_chat[chat_id] = shown
+            while len(self._by_chat) > self.KEPT:
+                self._by_chat.pop(next(iter(self._by_chat)))
 
-    def get(self, session: str | None, chat_id: str | None) -> ChatCanvas | None:
+    def get(self, chat_id: str | None) -> ChatCanvas | None:
         with self._lock:
-            return self._by_session.get(session or "", {}).get(chat_id or "")
+            return self._by_chat.get(chat_id or "")
 
     def forget(self, chat_id: str) -> None:
         with self._lock:
-            for chats in self._by_session.values():
-                chats.pop(chat_id, None)
-
-    def drop_session(self, session: str) -> None:
-        with self._lock:
-            self._by_session.pop(session, None)
+            self._by_chat.pop(chat_id, None)
 
 
 class RegenerateRequests:

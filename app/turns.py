@@ -373,7 +373,7 @@ def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, sys
         status = note("Done. " + " · ".join(parts) + left_out_note(dropped, window))
     recordings = [v.canvas for v in views]
     if not page_gone.is_set():  # a page that went away has no canvas to come back to
-        ctx.recordings.keep(session, chat.id, views)
+        ctx.recordings.keep(chat.id, views)
     max_step = max((c.steps for c in recordings if c is not None), default=0)
     yield emit(
         chatbot=chat_messages(shown, ctx.sessions.queued(chat.id)),

@@ -286,6 +286,17 @@ def test_the_canvas_follows_the_chosen_chat(app, client):
     assert gone[6] is None
 
 
+def test_a_reloaded_page_gets_the_chats_canvas_back_but_not_another_login(app, client):
+    """The canvas of a chat's last answer is kept per chat: a reloaded page (a new session) or another tab that
+    opens the chat shows it, a login that may not open the chat does not."""
+    out = named(client.predict(message="canvas for later", **SHORT, api_name="/chat"))
+    chat_id = value(out["chats"])
+    reloaded = handlers.chat_canvas(app.ctx, chat_id, SimpleNamespace(session_hash="a-new-page", username=None))
+    assert reloaded[0] == out["canvas_a"] and reloaded[6] is not None
+    stranger = handlers.chat_canvas(app.ctx, chat_id, SimpleNamespace(session_hash="elsewhere", username="mallory"))
+    assert "data-masked" not in stranger[0] and stranger[6] is None
+
+
 def test_the_canvas_prompt_tail_is_the_users_words(app, client):
     out = named(client.predict(message="tell me about owls please", **SHORT, api_name="/chat"))
     tail = out["canvas_a"].split('class="fd-prompt"', 1)[1].split("</span>", 1)[0]
