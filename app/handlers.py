@@ -107,13 +107,23 @@ def regenerate_requested(ctx: AppContext, chat_id, request: gr.Request = None):
     """The page's Regenerate click, beside the `regenerate` event: while the chosen chat's answer is being
     decoded, that event waits in the "gpu" queue (one turn at a time) and then decodes the chat's last answer
     again, replacing the one decoded meanwhile. The status says so now, and the turn decoding the chat keeps
-    saying so (`RegenerateRequests`) until the regenerate starts, as a message sent meanwhile is shown queued."""
+    saying so (`RegenerateRequests`) until the regenerate starts, as a message sent meanwhile is shown queued.
+    While another chat's answer decodes, the status says the regenerate waits for it (the regenerate's own
+    first output replaces that line when it starts)."""
     ctx = ctx.for_request(request)
     chat_id = resolve_chat_choice(ctx, chat_id)
     session = request.session_hash if request is not None else None
-    if chat_id is None or not ctx.sessions.is_busy(chat_id) or not ctx.regenerations.ask(session, chat_id):
+    if chat_id is None:
+        return gr.skip()
+    if not ctx.sessions.is_busy(chat_id):
+        # another chat's answer (this page's or another user's) holds the one turn that decodes at a time
+        return note(ANOTHER_DECODES) if ctx.sessions.any_busy() else gr.skip()
+    if not ctx.regenerations.ask(session, chat_id):
         return gr.skip()
     return note(f"{REGENERATE_WAITS}.")
+
+
+ANOTHER_DECODES = "Regenerate waits: another chat's answer is being decoded (one at a time); it starts after that."
 
 
 def stop(ctx: AppContext, request: gr.Request):

@@ -125,6 +125,11 @@ class Sessions:
         with self._lock:
             return bool(self.busy.get(chat_id))
 
+    def any_busy(self) -> bool:
+        """Whether a turn is decoding any chat now (the page's turns decode one at a time, every page's)."""
+        with self._lock:
+            return any(self.busy.values())
+
     def stop_unattended(self, owner: str | None) -> int:
         """Stop the turns of this login whose pages went away; returns how many there were."""
         with self._lock:

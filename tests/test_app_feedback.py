@@ -181,6 +181,26 @@ def test_regenerate_while_decoding_says_it_waits_for_the_answer(app):
     assert not ctx.regenerations.waiting("other", chat_id)
 
 
+def test_regenerate_while_another_chat_decodes_says_it_waits(app):
+    """Turns decode one at a time for every page: a Regenerate of an idle chat while another chat's answer (here
+    another user's) is decoded says it waits for that one; once nothing decodes it says nothing."""
+    ctx, page, other = app.ctx, SimpleNamespace(session_hash="page-idle"), SimpleNamespace(session_hash="page-busy")
+    first = dict(zip(OUTPUTS, list(handlers.chat(ctx, "one", None, "", request=page, **SHORT))[-1]))
+    chat_id = value(first["chats"])
+    turn = handlers.chat(ctx, "long one", None, "", request=other, **LONG)
+    for output in turn:
+        if "Decoding" in str(dict(zip(OUTPUTS, output))["status"]):
+            break
+    try:
+        said = handlers.regenerate_requested(ctx, chat_id, page)
+    finally:
+        for _ in turn:  # the long turn ends however the check goes
+            pass
+    assert "Regenerate waits: another chat" in said and "is being decoded (one at a time)" in said
+    assert not ctx.regenerations.waiting(page.session_hash, chat_id)  # nothing for that turn to repeat
+    assert handlers.regenerate_requested(ctx, chat_id, page) == handlers.gr.skip()
+
+
 def test_a_click_while_the_page_regenerates_the_chat_asks_nothing(app):
     """The page drops a second Regenerate click while its regenerate is in flight (trigger mode "once"): no
     regenerate follows, so the running one's status must not say that one waits."""
