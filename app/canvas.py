@@ -289,6 +289,5 @@ def legend(method: str, after_end: bool) -> str:
     return f'<div class="fd-legend">{_LEGEND_ENTRIES}{extra}</div>'
 
 
-
 def empty_canvas_html(message: str = "The canvas appears here while an answer is decoded.") -> str:
     return f'<div class="fd-canvas fd-idle"><div class="fd-head">{html.escape(message)}</div></div>'

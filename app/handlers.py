@@ -103,6 +103,9 @@ def regenerate(ctx: AppContext, chat_id, system="", method=None, side_by_side=Fa
                          request.session_hash if request else None, regenerate=True)
 
 
+ANOTHER_DECODES = "Regenerate waits: another chat's answer is being decoded (one at a time); it starts after that."
+
+
 def regenerate_requested(ctx: AppContext, chat_id, request: gr.Request = None):
     """The page's Regenerate click, beside the `regenerate` event: while the chosen chat's answer is being
     decoded, that event waits in the "gpu" queue (one turn at a time) and then decodes the chat's last answer
@@ -122,8 +125,6 @@ def regenerate_requested(ctx: AppContext, chat_id, request: gr.Request = None):
         return gr.skip()
     return note(f"{REGENERATE_WAITS}.")
 
-
-ANOTHER_DECODES = "Regenerate waits: another chat's answer is being decoded (one at a time); it starts after that."
 
 
 def stop(ctx: AppContext, request: gr.Request):

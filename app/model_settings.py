@@ -62,7 +62,8 @@ class ModelSettings:
             why = " A block-diffusion model (attention causal across blocks): only the block methods decode it."
         else:
             why = f" Not offered: {' and '.join(absent)}, which this model cannot decode." if absent else ""
-        return (f"<div class='fd-note' id='model-defaults'>Starting values for this {html.escape(self.family)}-family model: "
+        return (f"<div class='fd-note' id='model-defaults'>Starting values for this "
+                f"{html.escape(self.family)}-family model: "
                 f"{html.escape(values)}; from {html.escape(self.source)}.{html.escape(why)}</div>")
 
 

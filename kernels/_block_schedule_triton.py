@@ -21,7 +21,6 @@ from .block_schedule import BlockCursors, BlockPlan, BlockShape
 _BLOCK = 512  # positions or cells per chunk
 
 
-
 @triton.jit
 def _still_to_decode(answer, c, limit, live, inside):
     """Cells c (of one sequence) masked, before the limit, while the sequence has steps left."""

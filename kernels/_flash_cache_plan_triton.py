@@ -21,7 +21,6 @@ from .flash_cache_plan import NOT_NEW, FlashCachePlan, PlanShape
 _BLOCK = 512  # positions or cells per chunk
 
 
-
 @triton.jit
 def _flash_cache_plan_kernel(
     answer_ptr, newly_rank_ptr, attended_ptr, prompt_len_ptr, gen_len_ptr, end_ptr, official_end_ptr, steps_ptr,

@@ -152,7 +152,8 @@ class TritonScheduledAttention:
         n_parts = n_splits + key.has_inq
         combine_meta = {"HEAD_DIM": self.head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "N_PARTS": n_parts}
         n_row_heads = n_parts * key.n_rows * self.n_heads
-        partial = key.dtype if key.dtype in (torch.float16, torch.bfloat16) and not self.fp32_partials else torch.float32
+        half = key.dtype in (torch.float16, torch.bfloat16) and not self.fp32_partials
+        partial = key.dtype if half else torch.float32
         acc_ws = self._workspace(key.device, "outputs", partial, n_row_heads * self.head_dim)
         stats = self._workspace(key.device, "stats", torch.float32, 2 * n_row_heads)
         m_ws, l_ws = stats[:n_row_heads], stats[n_row_heads:]

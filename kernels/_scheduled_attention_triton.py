@@ -10,8 +10,9 @@ Two launches when the keys are split (flash-decoding style), one when they are n
   part n_splits its in-query keys (Flash-Verify). It writes its partial to a workspace: the part's own
   normalised output (acc / row sum, in the workspace's dtype: the inputs' for 16-bit inputs, since a convex
   combination of V rows fits V's range, which halves the bytes the partials cost at batch 1, where 128 query
-  rows per split weigh about as much as the split's keys) and its (row max, row sum) in fp32. With ONE_PASS (a single split) one program walks all keys, then in-query keys, and writes
-  the normalised output itself, so no workspace and no second launch.
+  rows per split weigh about as much as the split's keys) and its (row max, row sum) in fp32. With ONE_PASS (a
+  single split) one program walks all keys, then in-query keys, and writes the normalised output itself, so no
+  workspace and no second launch.
 * `_attention_combine_kernel`, grid (query tiles, query heads, BLOCK_M / 16): program z merges the parts of
   16 of the tile's rows into their final (row max, row sum) and normalised output. The number of parts is a
   compile-time constant (fixed per schedule bucket), so the loops over parts unroll and their loads are issued

@@ -44,6 +44,7 @@ import torch
 from . import bind_backend
 from .flash_cache_plan import NOT_NEW, first_cells, still_to_decode
 
+
 @dataclass(frozen=True)
 class VerifyShape:
     """A verify session's constants."""

@@ -47,7 +47,7 @@ def test_official_end_rule_answer_ends_at_the_first_end_token():
     classes = cell_classes(canvas.render())
     assert "e" in classes[5] and "z" in classes[6] and "z" not in classes[5] and "e" not in classes[0]
     canvas.apply(StepEvent(seq=0, step=1, committed=[1, 2, 3], tokens=[6, 2, 7], pieces=["!", "<|endoftext|>", "x"],
-                           confidences=[0.9, 0.9, 0.9]))
+                           confidences=[0.9, 0.9, 0.9], window=[1, 2, 3, 4]))
     html = canvas.render()
     classes = cell_classes(html)
     assert canvas.answer_preview() == "Hi!" and canvas.end_cell == 2
@@ -57,6 +57,7 @@ def test_official_end_rule_answer_ends_at_the_first_end_token():
     assert ">⏎<" in html and "end &lt;|endoftext|&gt;" in html  # the legend's end mark; the piece in the title
     replay = canvas.at_step(2)  # a replay (and an export) knows the end tokens too
     assert replay.answer_preview() == "Hi!" and "z" in cell_classes(replay.render())[3]
+    assert "w" in cell_classes(html)[4]
     canvas.finish("eos")
     assert all("w" not in c for c in cell_classes(canvas.render()))  # no window outline once done
 
