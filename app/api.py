@@ -38,9 +38,9 @@ from flash_dllm.app.model_settings import methods_for
 from flash_dllm.app.models import Lease, ModelBusy, ModelHost, history_exchanges, model_id, model_names
 from flash_dllm.app.openai_request import ApiError, ChatRequest, invalid, param_of, parse_chat_request
 from flash_dllm.app.openai_stream import (KEEP_ALIVE, CommittedPrefix, CompletionMeta, TextStream, chunk,
-                                          completion, sse, usage)
+                                          completion, engine_numbers, returned_tokens, sse, step_numbers, usage)
 from flash_dllm.engine import (CanvasStart, EngineError, GenerationSettings, PromptError, SettingsError, StepEvent,
-                               keep_last_exchanges, tokens_per_forward, tokens_per_second, validate)
+                               keep_last_exchanges, validate)
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Outcome:
 
     finish_reason: str  # "stop" (end token or stop string) | "length" (the answer filled max_tokens)
     prompt_tokens: int
-    completion_tokens: int
+    completion_tokens: int  # the returned text's tokens: a stop string's cut drops it and what follows
     engine: dict
 
 
@@ -136,32 +136,10 @@ class EngineCall:
         return result
 
 
-def numbers(method: str, steps: int, forward_passes: int, per_forward: float, per_s: float, elapsed_s: float,
-            kernels: str) -> dict:
-    """The engine's numbers under ``flash_dllm``: one shape whether the engine finished or a stop string cut."""
-    return {"method": method, "steps": int(steps), "forward_passes": int(forward_passes),
-            "tokens_per_forward": float(per_forward), "tokens_per_s": float(per_s), "elapsed_s": float(elapsed_s),
-            "kernels": kernels}
-
-
-def engine_numbers(result) -> dict:
-    """A finished request's numbers, from its GenerationResult."""
-    return numbers(result.method, result.steps, result.forward_passes, result.tokens_per_forward,
-                   result.tokens_per_s, result.elapsed_s, result.kernels)
-
-
-def step_numbers(last: StepEvent, tokens: int, method: str, kernels: str) -> dict:
-    """The numbers of an answer a stop string cut (its request cancelled, so no result): from its last step
-    event's cumulative counters, with ``tokens`` the completion tokens its usage reports; rounded as the
-    engine rounds a result's."""
-    forwards, elapsed = last.forward_passes, last.elapsed_s
-    return numbers(method, last.step + 1, forwards, round(tokens_per_forward(tokens, forwards), 3),
-                   round(tokens_per_second(tokens, elapsed), 3), round(elapsed, 4), kernels)
-
-
 async def answer(call: EngineCall, chat: ChatRequest, decode, poll_s: float) -> AsyncIterator:
     """The answer's new text as it commits (str; "" when nothing happened for ``poll_s``), then its Outcome.
-    A stop string cancels the engine request at once: the text before it is final."""
+    A stop string cancels the engine request at once: the text before it is final, and its tokens are the
+    completion tokens (`returned_tokens`), streamed or not."""
     prefix = CommittedPrefix(chat.settings.gen_length)
     text = TextStream(chat.stop)
     while not call.request.done or not call.events.empty():
@@ -179,16 +157,17 @@ async def answer(call: EngineCall, chat: ChatRequest, decode, poll_s: float) -> 
                 yield delta
             if text.stopped:
                 call.close()
-                yield Outcome("stop", call.request.prompt_tokens, prefix.length,
-                              step_numbers(event, prefix.length, chat.settings.method, call.kernels))
+                tokens = returned_tokens(prefix.token_ids(), text.sent, decode)
+                yield Outcome("stop", call.request.prompt_tokens, tokens,
+                              step_numbers(event, tokens, chat.settings.method, call.kernels))
                 return
     result = call.result()
     delta = text.update(result.text, final=True)
     if delta:
         yield delta
     reason = "stop" if text.stopped or result.finish_reason == "eos" else "length"
-    yield Outcome(reason, result.prompt_tokens or call.request.prompt_tokens, len(result.token_ids),
-                  engine_numbers(result))
+    tokens = returned_tokens(result.token_ids, text.sent, decode) if text.stopped else len(result.token_ids)
+    yield Outcome(reason, result.prompt_tokens or call.request.prompt_tokens, tokens, engine_numbers(result, tokens))
 
 
 class CancellingStream(StreamingResponse):

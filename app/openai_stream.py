@@ -6,6 +6,11 @@ text of the longest fully committed prefix of the answer, each chunk the part th
 final: what was sent is never taken back. The text is held back while it ends in an incomplete UTF-8 character
 (the tokenizer decodes it as U+FFFD until the next byte arrives) or in what may become a stop string, and cut at
 the first stop string. The streamed chunks joined are exactly the non-streamed answer: both come from here.
+
+A cut answer's ``completion_tokens`` are the tokens of the text returned (`returned_tokens`), never the cells
+committed after the cut: a diffusion model commits later cells before earlier ones, so when a stop string shows
+up much of what follows it may be committed already, and none of that is the client's answer. The rates under
+``flash_dllm`` (`engine_numbers`, `step_numbers`) are of the same tokens, so they agree with ``usage``.
 """
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+
+from flash_dllm.engine import StepEvent, tokens_per_forward, tokens_per_second
 
 REPLACEMENT = "\ufffd"
 
@@ -91,6 +98,23 @@ class TextStream:
         return delta
 
 
+def returned_tokens(ids: list[int], text: str, decode) -> int:
+    """How many of the answer's first tokens ``ids`` the returned ``text`` is made of: the fewest whose decoding
+    begins with it. So the stop string's own tokens are not counted (OpenAI does not return the stop string),
+    but a token the cut splits is (part of its text was returned). Binary search (a dozen decodes, once per
+    answer): as the prefix of tokens grows, whether its text begins with ``text`` turns from no to yes once."""
+    if not decode(ids).startswith(text):  # a decoding that disagrees with what was sent: no fewer to be sure of
+        return len(ids)
+    low, high = 0, len(ids)
+    while low < high:
+        middle = (low + high) // 2
+        if decode(ids[:middle]).startswith(text):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
 # ---------------------------------------------------------------------------- response bodies
 @dataclass(frozen=True)
 class CompletionMeta:
@@ -128,6 +152,36 @@ def completion(meta: CompletionMeta, text: str, finish_reason: str, usage_: dict
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
                          "logprobs": None, "finish_reason": finish_reason}],
             "usage": usage_, "flash_dllm": engine}
+
+
+def numbers(method: str, steps: int, forward_passes: int, per_forward: float, per_s: float, elapsed_s: float,
+            kernels: str) -> dict:
+    """The engine's numbers under ``flash_dllm``: one shape whether the engine finished or a stop string cut."""
+    return {"method": method, "steps": int(steps), "forward_passes": int(forward_passes),
+            "tokens_per_forward": float(per_forward), "tokens_per_s": float(per_s), "elapsed_s": float(elapsed_s),
+            "kernels": kernels}
+
+
+def engine_numbers(result, tokens: int) -> dict:
+    """A finished request's numbers, from its GenerationResult. The engine's rates are of all its tokens; for
+    an answer a stop string cut after it finished they are redone over ``tokens``, the completion tokens its
+    usage reports, rounded as the engine rounds them."""
+    if tokens == len(result.token_ids):
+        per_forward, per_s = result.tokens_per_forward, result.tokens_per_s
+    else:
+        per_forward = round(tokens_per_forward(tokens, result.forward_passes), 3)
+        per_s = round(tokens_per_second(tokens, result.elapsed_s), 3)
+    return numbers(result.method, result.steps, result.forward_passes, per_forward, per_s, result.elapsed_s,
+                   result.kernels)
+
+
+def step_numbers(last: StepEvent, tokens: int, method: str, kernels: str) -> dict:
+    """The numbers of an answer a stop string cut (its request cancelled, so no result): from its last step
+    event's cumulative counters, with ``tokens`` the completion tokens its usage reports (not the cells
+    committed by then, which run past the cut); rounded as the engine rounds a result's."""
+    forwards, elapsed = last.forward_passes, last.elapsed_s
+    return numbers(method, last.step + 1, forwards, round(tokens_per_forward(tokens, forwards), 3),
+                   round(tokens_per_second(tokens, elapsed), 3), round(elapsed, 4), kernels)
 
 
 def sse(data) -> bytes:

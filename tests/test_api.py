@@ -158,6 +158,43 @@ def test_a_stop_string_cuts_the_answer_and_finishes_with_stop(app, client):
         assert numbers["steps"] <= whole["steps"] and numbers["forward_passes"] <= whole["forward_passes"]
 
 
+def cut_at_a_token(ids: list[int], decode) -> tuple[int, str]:
+    """(k, stop): a stop string made of whole tokens ids[k:k+n] that first shows up in the answer right after
+    its first k tokens (whose last one has text of its own), so the answer returned is exactly those k."""
+    text = decode(ids)
+    for k in range(12, len(ids) - 3):
+        before = decode(ids[:k])
+        for n in range(3, 9):
+            stop = decode(ids[k:k + n])
+            if (len(stop) == n and "\ufffd" not in stop and text.startswith(before + stop)
+                    and text.index(stop) == len(before) and decode(ids[:k - 1]) != before):
+                return k, stop
+    raise AssertionError(f"no stop string to cut {text!r} at")
+
+
+@pytest.mark.parametrize("settings", [{}, {"method": "llada", "block_length": 64}], ids=["default", "llada"])
+def test_a_cut_answer_counts_the_tokens_returned_streamed_or_not(app, client, settings):
+    # diffusion commits out of order: when the stop string shows up, cells after it are often committed already;
+    # completion_tokens (and the rates beside it) count the k tokens returned only, not the stop string's
+    reference = solo(app, "count my tokens", gen_length=64, **settings)
+    k, stop = cut_at_a_token(reference.token_ids, app.engine.tokenizer.decode)
+    expected = app.engine.tokenizer.decode(reference.token_ids[:k])
+    extra = {"extra_body": settings} if settings else {}
+    ask = dict(model=app.model, messages=messages("count my tokens"), max_tokens=64, stop=[stop], **extra)
+    plain = client.chat.completions.create(**ask)
+    answers = [(plain.choices[0].message.content, plain.usage, plain.model_extra["flash_dllm"])]
+    for include_usage in (False, True):
+        chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": include_usage},
+                                                     **ask))
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        answers.append((content, chunks[-1].usage, chunks[-1].model_extra["flash_dllm"]))
+    for content, usage, numbers in answers:
+        assert content == expected and usage.completion_tokens == k, (k, usage, content)
+        assert usage.total_tokens == usage.prompt_tokens + k == reference.prompt_tokens + k
+        assert numbers["tokens_per_forward"] == round(k / numbers["forward_passes"], 3)
+        assert numbers["tokens_per_s"] == pytest.approx(k / numbers["elapsed_s"], rel=0.01)
+
+
 def test_sampling_follows_temperature_and_seed(app, client):
     def ask(**fields):
         return client.chat.completions.create(model=app.model, messages=messages("sample"), max_tokens=32,

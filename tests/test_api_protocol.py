@@ -7,7 +7,7 @@ import pytest
 
 from flash_dllm.app.api_keys import api_key_for
 from flash_dllm.app.openai_request import ApiError, block_length_for, parse_chat_request
-from flash_dllm.app.openai_stream import CommittedPrefix, TextStream, partial_stop, stop_at
+from flash_dllm.app.openai_stream import CommittedPrefix, TextStream, partial_stop, returned_tokens, stop_at
 from flash_dllm.engine import GenerationSettings, validate
 
 USER = [{"role": "user", "content": "hi"}]
@@ -209,17 +209,26 @@ class ScriptedCall:
         return self.final
 
 
-def run_answer(call, stops=(), gen_length=5) -> list:
+def letters(ids: list[int]) -> str:
+    """A tokenizer of one letter a token: 0 is "a", 1 "b", ..."""
+    return "".join(chr(ord("a") + t) for t in ids)
+
+
+def pairs(ids: list[int]) -> str:
+    """A tokenizer of two letters a token: 0 is "ab", 1 "cd", ... (a stop string may start inside a token)."""
+    return "".join(letters([2 * t, 2 * t + 1]) for t in ids)
+
+
+def run_answer(call, stops=(), gen_length=5, decode=letters) -> list:
     import asyncio
 
     from flash_dllm.app.api import answer
     from flash_dllm.app.openai_request import ChatRequest
 
     chat = ChatRequest("m", USER, GenerationSettings(gen_length=gen_length, block_length=gen_length), list(stops))
-    letters = lambda ids: "".join(chr(ord("a") + t) for t in ids)  # noqa: E731
 
     async def collect():
-        return [item async for item in answer(call, chat, letters, 0.01)]
+        return [item async for item in answer(call, chat, decode, 0.01)]
     return asyncio.run(collect())
 
 
@@ -238,10 +247,11 @@ def test_the_answer_loop_stops_at_a_stop_string_and_cancels_the_request():
     assert items[:-1] == ["ab"] and items[-1].finish_reason == "stop" and call.closed
     assert call.pending  # the rest of the answer was never waited for
     # no result (the request was cancelled): the numbers come from the last step's counters, in the shape a
-    # finished answer's have; 4 tokens ("abcd" committed) in 3 steps of one forward pass each, 0.3 s
-    assert items[-1].completion_tokens == 4
+    # finished answer's have; the 2 tokens returned ("ab": the stop string "cd" is not) in 3 steps of one
+    # forward pass each, 0.3 s
+    assert items[-1].completion_tokens == 2
     assert items[-1].engine == {"method": GenerationSettings().method, "steps": 3, "forward_passes": 3,
-                                "tokens_per_forward": 1.333, "tokens_per_s": 13.333, "elapsed_s": 0.3,
+                                "tokens_per_forward": 0.667, "tokens_per_s": 6.667, "elapsed_s": 0.3,
                                 "kernels": "torch"}
     finished = [item for item in run_answer(ScriptedCall([([0, 1, 2, 3, 4], None)], [0, 1, 2, 3, 4], "abcde"))
                 if item != ""][-1]
@@ -254,3 +264,38 @@ def test_the_answer_loop_ends_at_the_end_token():
     call.final.finish_reason, call.final.token_ids = "eos", [0, 1]
     items = [item for item in run_answer(call) if item != ""]
     assert items[:-1] == ["a", "b"] and items[-1].finish_reason == "stop" and items[-1].completion_tokens == 2
+
+
+def test_a_cut_answer_counts_the_tokens_returned_not_the_cells_committed_after_the_cut():
+    # out of order: cells 3-7 commit before cell 2, so when "cd" shows up cells 0-7 are all committed
+    call = ScriptedCall([([0, 1, 3, 4, 5, 6, 7], None), ([2], None), ([8], None)], list(range(9)), "abcdefghi")
+    items = [item for item in run_answer(call, stops=["cd"], gen_length=9) if item != ""]
+    assert items[:-1] == ["ab"] and call.closed
+    outcome = items[-1]
+    assert outcome.completion_tokens == 2  # "a", "b"; not the 8 committed cells
+    assert outcome.engine["tokens_per_forward"] == 1.0 and outcome.engine["tokens_per_s"] == 10.0  # 2 in 2, 0.2 s
+
+
+def test_a_token_the_stop_string_splits_counts_and_the_stop_strings_own_tokens_do_not():
+    # tokens "ab" "cd" "ef" "gh": the stop string "de" starts inside "cd", whose "c" is returned
+    call = ScriptedCall([([0, 1, 2, 3], None)], [0, 1, 2, 3], "abcdefgh")
+    items = [item for item in run_answer(call, stops=["de"], gen_length=4, decode=pairs) if item != ""]
+    assert items[:-1] == ["abc"] and items[-1].completion_tokens == 2
+    call = ScriptedCall([([0, 1, 2, 3], None)], [0, 1, 2, 3], "abcdefgh")
+    items = [item for item in run_answer(call, stops=["efg"], gen_length=4, decode=pairs) if item != ""]
+    assert items[:-1] == ["abcd"] and items[-1].completion_tokens == 2  # "ef", "gh" are the stop and after it
+
+
+def test_a_stop_string_found_in_the_finished_answer_counts_the_tokens_returned():
+    # the events never show the whole answer committed: the stop string is found in the engine's result, whose
+    # rates (of all 5 tokens) are redone over the 2 returned
+    call = ScriptedCall([([0, 1], None)], [0, 1, 2, 3, 4], "abcde")
+    items = [item for item in run_answer(call, stops=["cd"]) if item != ""]
+    assert items[:-1] == ["ab"] and items[-1].finish_reason == "stop" and items[-1].completion_tokens == 2
+    assert items[-1].engine["tokens_per_forward"] == 2.0 and items[-1].engine["tokens_per_s"] == 20.0
+
+
+def test_returned_tokens_are_the_fewest_whose_text_begins_with_the_answer():
+    ids = [0, 1, 2, 3]  # "ab" "cd" "ef" "gh"
+    assert [returned_tokens(ids, text, pairs) for text in ("", "a", "ab", "abc", "abcdefgh")] == [0, 1, 1, 2, 4]
+    assert returned_tokens(ids, "xyz", pairs) == 4  # a text the tokens do not make: no fewer to be sure of
