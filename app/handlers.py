@@ -17,10 +17,11 @@ from flash_dllm.app.chats import CHAT_ID, clean_text, export_file
 from flash_dllm.app.export import export_gif, export_html
 from flash_dllm.app.model_settings import fixed_block_length
 from flash_dllm.app.models import model_purpose
+from flash_dllm.app.page_turns import PageTurn, PageTurns
 from flash_dllm.app.presets import default_knobs, matching_preset, preset_values
 from flash_dllm.app.stats import stats_rows, stats_table
-from flash_dllm.app.turns import (REGENERATE_WAITS, AppContext, chat_choices, chat_messages, chat_turn, note,
-                                  save_orphans)
+from flash_dllm.app.turns import (OUTPUTS, REGENERATE_WAITS, AppContext, chat_choices, chat_messages, chat_turn,
+                                  note, save_orphans)
 from flash_dllm.engine import METHODS, memory_snapshot
 
 PRESET_KNOBS = ("block_length", "steps", "threshold", "gamma", "window", "lookahead", "track")
@@ -48,22 +49,27 @@ def banner_html(ctx: AppContext) -> str:
 
 # ---------------------------------------------------------------------------- chat turns
 def accept(ctx: AppContext, text, chat_id, request: gr.Request):
-    """Clear the box, show the message as queued, and hand it to `chat` (which may wait its turn)."""
+    """Clear the box, show the message as queued, and record it for its `chat` turn (which may wait its turn):
+    that turn takes its text and chat from the record (app/page_turns.py), never from the page's components,
+    which a message sent next may change first. Every message is recorded, an empty one too (its turn says so)."""
     ctx = ctx.for_request(request)
     text = clean_text(text if isinstance(text, str) else "")
-    if not text.strip():
-        return gr.skip(), gr.skip(), gr.skip(), ""
     chosen = chat_id if isinstance(chat_id, str) and chat_id else None
     session = request.session_hash
+    turn = PageTurn(chosen, text)
+    if not ctx.page_turns.add(session, turn) or not text.strip():  # the box keeps it; its turn says why
+        return gr.skip(), gr.skip(), gr.skip(), ""
     with ctx.sessions.accepting:
         if chosen is None:  # the page may not know yet the chat its previous message started (sent moments ago)
             chosen = chat_awaiting_answer(ctx, ctx.sessions.started_by(session))
+        turn.chat_id = chosen
         try:
             chat = ctx.store.get_or_create(chosen)
         except OSError:  # the chats folder cannot be written: `chat` says so and puts the message back in the box
             return gr.skip(), gr.skip(), gr.skip(), text
         if chosen is None:
             ctx.sessions.started_chat(session, chat.id)
+        turn.chat_id = chat.id  # before `chat` can take it: that event is chained after this one
         ctx.sessions.queue(chat.id, session, text)
     return ("", gr.update(choices=chat_choices(ctx.store), value=chat.id),
             chat_messages(chat, ctx.sessions.queued(chat.id)), text)
@@ -87,8 +93,15 @@ def chat(ctx: AppContext, message, chat_id=None, system="", method=None, side_by
          request: gr.Request = None):
     knobs = (gen_length, block_length, steps, threshold, gamma, temperature, window, lookahead, track,
              max_candidates, seed)
+    session = request.session_hash if request else None
+    turn = ctx.page_turns.take(session, regenerate=False)  # the page's message: what `accept` recorded
+    if turn is not None and turn.refused:
+        yield status_only(note(f"{TOO_MANY} the message was not sent; it is still in the box.", "warn"))
+        return
+    if turn is not None:
+        message, chat_id = turn.text, turn.chat_id
     yield from chat_turn(ctx.for_request(request), message, chat_id, system, method, side_by_side, method_b, knobs,
-                         request.session_hash if request else None)
+                         session)
 
 
 def regenerate(ctx: AppContext, chat_id, system="", method=None, side_by_side=False,
@@ -99,41 +112,67 @@ def regenerate(ctx: AppContext, chat_id, system="", method=None, side_by_side=Fa
                request: gr.Request = None):
     knobs = (gen_length, block_length, steps, threshold, gamma, temperature, window, lookahead, track,
              max_candidates, seed)
+    session = request.session_hash if request else None
+    turn = ctx.page_turns.take(session, regenerate=True)  # the page's click: what `regenerate_requested` recorded
+    if turn is not None and (turn.refused or turn.stopped or turn.repeat):
+        said = (f"{TOO_MANY} this Regenerate was not taken." if turn.refused else
+                "Stopped before it started: nothing was regenerated." if turn.stopped else None)
+        yield status_only(note(said, "warn") if said else gr.skip())  # a repeated click changes nothing
+        return
+    if turn is not None:
+        chat_id = turn.chat_id
     yield from chat_turn(ctx.for_request(request), None, chat_id, system, method, side_by_side, method_b, knobs,
-                         request.session_hash if request else None, regenerate=True)
+                         session, regenerate=True)
 
 
+TOO_MANY = f"More than {PageTurns.PER_PAGE} turns of this page wait for the engine:"
 ANOTHER_DECODES = "Regenerate waits: another chat's answer is being decoded (one at a time); it starts after that."
 
 
+def status_only(status) -> tuple:
+    """The output of a page's turn that ends before it starts: its status, nothing else changed."""
+    return tuple(status if name == "status" else gr.skip() for name in OUTPUTS)
+
+
 def regenerate_requested(ctx: AppContext, chat_id, request: gr.Request = None):
-    """The page's Regenerate click, beside the `regenerate` event: while the chosen chat's answer is being
-    decoded, that event waits in the "gpu" queue (one turn at a time) and then decodes the chat's last answer
-    again, replacing the one decoded meanwhile. The status says so now, and the turn decoding the chat keeps
-    saying so (`RegenerateRequests`) until the regenerate starts, as a message sent meanwhile is shown queued.
-    While another chat's answer decodes, the status says the regenerate waits for it (the regenerate's own
-    first output replaces that line when it starts)."""
+    """The page's Regenerate click, before its queued `regenerate` event: records the click's chat for that
+    event (app/page_turns.py). A click while this page already regenerates that chat (queued or decoding) is
+    recorded as a repeat, whose event changes nothing: a double click regenerates once. While the chosen chat's
+    answer is being decoded, the regenerate waits in the "gpu" queue (one turn at a time) and then decodes the
+    chat's last answer again, replacing the one decoded meanwhile. The status says so now, and the turn decoding
+    the chat keeps saying so (`RegenerateRequests`) until the regenerate starts, as a message sent meanwhile is
+    shown queued. While another chat's answer decodes, the status says the regenerate waits for it (the
+    regenerate's own first output replaces that line when it starts)."""
     ctx = ctx.for_request(request)
-    chat_id = resolve_chat_choice(ctx, chat_id)
     session = request.session_hash if request is not None else None
-    if chat_id is None:
+    chosen = resolve_chat_choice(ctx, chat_id)
+    repeat = chosen is not None and (ctx.page_turns.regenerates(session, chosen)
+                                     or ctx.regenerations.running(session, chosen))
+    asked = chosen if chosen is not None or not isinstance(chat_id, str) else chat_id  # unknown: its turn says so
+    if not ctx.page_turns.add(session, PageTurn(asked, repeat=repeat)) or chosen is None or repeat:
         return gr.skip()
-    if not ctx.sessions.is_busy(chat_id):
+    if not ctx.sessions.is_busy(chosen):
         # another chat's answer (this page's or another user's) holds the one turn that decodes at a time
         return note(ANOTHER_DECODES) if ctx.sessions.any_busy() else gr.skip()
-    if not ctx.regenerations.ask(session, chat_id):
-        return gr.skip()
+    ctx.regenerations.ask(session, chosen)
     return note(f"{REGENERATE_WAITS}.")
 
 
-
 def stop(ctx: AppContext, request: gr.Request):
-    """Stop this page's turns; with none, the turns of its login that go on after their page went away (a
-    reload mid-answer: the reloaded page's Stop still reaches that answer)."""
-    stopped = ctx.sessions.stop(request.session_hash if request else None)
+    """Stop this page's turns, and take back its regenerates still waiting in the queue (each ends at once when
+    its turn comes; messages waiting there are still answered). With no turn of its own decoding or waiting for
+    its chat, Stop ends the turns of its login that go on after their page went away (a reload mid-answer: the
+    reloaded page's Stop still reaches that answer)."""
+    session = request.session_hash if request else None
+    stopped = ctx.sessions.stop(session)
+    taken = ctx.page_turns.stop(session)
+    ctx.regenerations.stop(session)  # none waits now: the decoding turn stops saying so
     if not stopped:
         stopped = ctx.sessions.stop_unattended(getattr(request, "username", None))
-    return note("Stopping between steps…" if stopped else "Nothing is being generated.", "warn")
+    said = "Stopping between steps…" if stopped else "Nothing is being generated."
+    if taken:
+        said = f"{'Stopping between steps… ' if stopped else ''}The Regenerate waiting its turn will not run."
+    return note(said, "warn")
 
 
 # ---------------------------------------------------------------------------- canvas replay and export
@@ -353,5 +392,6 @@ def on_unload(ctx: AppContext, request: gr.Request = None):
     if request is not None and request.session_hash:
         ctx.sessions.drop_session(request.session_hash, getattr(request, "username", None))
         ctx.regenerations.drop_session(request.session_hash)
+        ctx.page_turns.drop_session(request.session_hash)
         for chat_id in list(ctx.sessions.orphans):
             save_orphans(ctx, chat_id)

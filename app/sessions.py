@@ -195,8 +195,8 @@ class RegenerateRequests:
     at a time, so such a regenerate waits in Gradio's queue, where its handler cannot say so: the page's click
     asks here first (`handlers.regenerate_requested`), and the turn decoding that chat says in its status that
     the regenerate waits, until the regenerate starts. Keyed by page session and chat; a page that goes away
-    takes its requests with it. A click while that page's regenerate of the chat runs asks nothing: the page
-    drops such a click (the event is still in flight)."""
+    takes its requests with it, and its Stop takes them back. A click while that page's regenerate of the chat
+    runs asks nothing: it is a repeat, which regenerates nothing (app/page_turns.py)."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -211,6 +211,11 @@ class RegenerateRequests:
                 return False
             self._asked.add(key)
             return True
+
+    def running(self, session: str | None, chat_id: str) -> bool:
+        """Whether this page's regenerate of the chat is decoding it (and was not stopped)."""
+        with self._lock:
+            return bool(self._running.get((session or "", chat_id)))
 
     def waiting(self, session: str | None, chat_id: str) -> bool:
         with self._lock:
@@ -232,6 +237,13 @@ class RegenerateRequests:
                 self._running[key] = left
             else:
                 self._running.pop(key, None)
+
+    def stop(self, session: str | None) -> None:
+        """The page's Stop: its waiting regenerates will not run, and a click from now on is a new regenerate
+        even while the stopped one is still ending."""
+        with self._lock:
+            self._asked = {key for key in self._asked if key[0] != (session or "")}
+            self._running = {key: n for key, n in self._running.items() if key[0] != (session or "")}
 
     def drop_session(self, session: str) -> None:
         with self._lock:

@@ -17,6 +17,7 @@ from flash_dllm.app.chats import Chat, ChatStore, clean_text
 from flash_dllm.app.live import FRAME_S, LiveRun, RunView
 from flash_dllm.app.model_settings import DEFAULT_METHOD, DEFAULT_METHOD_B, page_settings
 from flash_dllm.app.models import ModelHost, history_exchanges
+from flash_dllm.app.page_turns import PageTurns
 from flash_dllm.app.presets import KNOBS, build_settings
 from flash_dllm.app.sessions import Recordings, RegenerateRequests, Sessions
 from flash_dllm.engine import SettingsError
@@ -46,6 +47,7 @@ class AppContext:
     sessions: Sessions = field(default_factory=Sessions)
     recordings: Recordings = field(default_factory=Recordings)
     regenerations: RegenerateRequests = field(default_factory=RegenerateRequests)
+    page_turns: PageTurns = field(default_factory=PageTurns)  # what each click asked for, until its turn starts
     export_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="flash-dllm-export-")))
     share_note: str = ""
     frame_s: float = FRAME_S

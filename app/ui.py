@@ -101,6 +101,7 @@ def chat_column(ctx: AppContext, page: SimpleNamespace) -> None:
             page.regen_btn = gr.Button("Regenerate", size="sm")
             page.clear_btn = gr.Button("Clear", size="sm")
         page.status = gr.HTML(note("Ready."), elem_id="status")
+        # `chat`'s message argument (its API parameter); the page's own turns take theirs from app/page_turns.py
         page.turn_msg = gr.Textbox("", visible=False)
         with gr.Accordion("Settings", open=True):
             page.method = gr.Radio(methods, value=method, label="Method")
@@ -149,7 +150,9 @@ def canvas_column(ctx: AppContext, page: SimpleNamespace) -> None:
 # ---------------------------------------------------------------------------- wiring
 # Client-side only: the page counts its turns in flight (a message may be sent while another is queued) and
 # shows Stop in the stop colour while any is; every arm is matched by the disarm chained after its turn, which
-# runs however the turn ends (answered, stopped, refused, an empty message).
+# runs however the turn ends (answered, stopped, refused, an empty message). So every event of a click that
+# arms runs on each click (trigger mode "multiple"): one the page dropped (mode "once", while the previous is
+# in flight) would leave its arm without a disarm.
 ARM_STOP = ("() => { window.fdTurns = (window.fdTurns || 0) + 1;"
             " document.getElementById('stop-btn')?.classList.add('armed'); }")
 DISARM_STOP = ("() => { window.fdTurns = Math.max(0, (window.fdTurns || 0) - 1);"
@@ -157,23 +160,28 @@ DISARM_STOP = ("() => { window.fdTurns = Math.max(0, (window.fdTurns || 0) - 1);
 
 
 def wire_turns(ctx: AppContext, page: SimpleNamespace) -> None:
+    """A click runs its handler at once (`accept`, `regenerate_requested`: they record what the click asked for,
+    app/page_turns.py), then queues its turn (`chat`, `regenerate`) in the "gpu" group, which takes that record
+    rather than reading the page's components, which the next click may have changed."""
     turn_outputs = [getattr(page, name) for name in OUTPUTS]
     settings_inputs = [page.system, page.method, page.side, page.method_b, *page.knob_inputs]
     stop_colour = dict(queue=False, api_visibility="private")
+    queued_turn = dict(concurrency_id="gpu", concurrency_limit=1, show_progress="minimal",
+                       show_progress_on=page.status, trigger_mode="multiple")
     gr.on([page.message.submit, page.send_btn.click], None, js=ARM_STOP, trigger_mode="multiple", **stop_colour)
     page.regen_btn.click(None, js=ARM_STOP, trigger_mode="multiple", **stop_colour)
     gr.on([page.message.submit, page.send_btn.click], bind(h.accept, ctx), [page.message, page.chats],
           [page.message, page.chats, page.chatbot, page.turn_msg], queue=False, api_name="queue_message",
           api_visibility="private", trigger_mode="multiple").then(
         bind(h.chat, ctx), [page.turn_msg, page.chats, *settings_inputs], turn_outputs, api_name="chat",
-        concurrency_id="gpu", concurrency_limit=1, show_progress="minimal", show_progress_on=page.status,
-        trigger_mode="multiple").then(None, js=DISARM_STOP, **stop_colour)
-    # beside the queued regenerate: says at once when it waits for the answer being decoded
+        **queued_turn).then(None, js=DISARM_STOP, **stop_colour)
+    # says at once when the regenerate waits for the answer being decoded; a second click on the chat it
+    # regenerates is a repeat, which changes nothing (a double click regenerates once)
     page.regen_btn.click(bind(h.regenerate_requested, ctx), page.chats, page.status, queue=False,
-                         api_name="regenerate_requested", api_visibility="private", show_progress="hidden")
-    page.regen_btn.click(bind(h.regenerate, ctx), [page.chats, *settings_inputs], turn_outputs, api_name="regenerate",
-                         concurrency_id="gpu", concurrency_limit=1, show_progress="minimal",
-                         show_progress_on=page.status).then(None, js=DISARM_STOP, **stop_colour)
+                         api_name="regenerate_requested", api_visibility="private", show_progress="hidden",
+                         trigger_mode="multiple").then(
+        bind(h.regenerate, ctx), [page.chats, *settings_inputs], turn_outputs, api_name="regenerate",
+        **queued_turn).then(None, js=DISARM_STOP, **stop_colour)
     page.stop_btn.click(bind(h.stop, ctx), None, page.status, api_name="stop", concurrency_limit=None,
                         concurrency_id="instant")
 

@@ -83,11 +83,15 @@ def test_a_refused_message_shows_what_is_still_queued(app):
     chat = ctx.store.create()
     ctx.store.add_message(chat.id, "user", "earlier question")
     ctx.store.put_answer(chat.id, "earlier answer")
+    handlers.accept(ctx, "What is 1 + 1?", chat.id, page)
     handlers.accept(ctx, "a later message", chat.id, page)  # waits behind the refused one
-    _, _, out = send(ctx, page, "What is 1 + 1?", chat.id, gen_length=100, block_length=32)
+    *_, last = handlers.chat(ctx, "a later message", chat.id, "", request=page, gen_length=100, block_length=32)
+    out = dict(zip(OUTPUTS, last))
+    assert out["message"] == "What is 1 + 1?"
     assert texts(out["chatbot"])[-2:] == [("user", "a later message"), ("assistant",
                                                                        "⏳ queued: waits for the answer being decoded")]
-    ctx.sessions.unqueue(chat.id, page.session_hash, "a later message")
+    *_, last = handlers.chat(ctx, "a later message", chat.id, "", request=page, gen_length=100, block_length=32)
+    assert dict(zip(OUTPUTS, last))["message"] == "a later message" and ctx.sessions.queued(chat.id) == []
 
 
 def test_a_refused_first_message_leaves_no_empty_chat(app):
@@ -153,26 +157,34 @@ def test_the_delete_confirmation_sends_the_kept_chat_when_cancelled(tmp_path):
     assert delete.js == ui.CONFIRM_DELETE  # the script the page runs
 
 
+def click_regenerate(ctx, page, chat_id, **knobs):
+    """What the page does on Regenerate: `regenerate_requested` (its status now), then a generator of the
+    queued `regenerate` turn's outputs by name (started when iterated)."""
+    said = handlers.regenerate_requested(ctx, chat_id, page)
+    return said, (dict(zip(OUTPUTS, output)) for output in handlers.regenerate(ctx, chat_id, request=page, **knobs))
+
+
 def test_regenerate_while_decoding_says_it_waits_for_the_answer(app):
     """Regenerate clicked while the chat's answer is decoded: the regenerate event waits in the "gpu" queue, then
     decodes that answer again (replacing it). The click's status says so, and so does the decoding turn's, until
     the regenerate starts; a click while nothing decodes says nothing (the regenerate starts at once)."""
     ctx, page = app.ctx, SimpleNamespace(session_hash="page-regenerate")
-    first = dict(zip(OUTPUTS, list(handlers.chat(ctx, "one", None, "", request=page, **SHORT))[-1]))
-    chat_id = value(first["chats"])
-    assert handlers.regenerate_requested(ctx, chat_id, page) == handlers.gr.skip()  # idle: nothing to wait for
+    chat_id, _, _ = send(ctx, page, "one", None, **SHORT)
+    said, regen = click_regenerate(ctx, page, chat_id, **SHORT)
+    assert said == handlers.gr.skip() and "Done." in list(regen)[-1]["status"]  # idle: nothing to wait for
+    handlers.accept(ctx, "two", chat_id, page)
     turn = handlers.chat(ctx, "two", chat_id, "", request=page, **LONG)
     for output in turn:
         if "Decoding" in str(dict(zip(OUTPUTS, output))["status"]):
             break
-    said = handlers.regenerate_requested(ctx, chat_id, page)
+    said, regen = click_regenerate(ctx, page, chat_id, **SHORT)
     assert "Regenerate waits for the answer being decoded" in said
     assert handlers.regenerate_requested(ctx, chat_id, SimpleNamespace(session_hash="other")) != handlers.gr.skip()
     statuses = [str(dict(zip(OUTPUTS, output))["status"]) for output in turn]
     decoding = [s for s in statuses if "Decoding" in s]
     assert decoding and all("Regenerate waits" in s for s in decoding)
     assert "Done." in statuses[-1]
-    regen = [dict(zip(OUTPUTS, output)) for output in handlers.regenerate(ctx, chat_id, request=page, **SHORT)]
+    regen = list(regen)
     assert not any("Regenerate waits" in str(out["status"]) for out in regen)  # it started: nothing waits
     assert "Done." in regen[-1]["status"]
     assert [r for r, _ in texts(regen[-1]["chatbot"])] == ["user", "assistant"] * 2  # the answer replaced
@@ -185,34 +197,39 @@ def test_regenerate_while_another_chat_decodes_says_it_waits(app):
     """Turns decode one at a time for every page: a Regenerate of an idle chat while another chat's answer (here
     another user's) is decoded says it waits for that one; once nothing decodes it says nothing."""
     ctx, page, other = app.ctx, SimpleNamespace(session_hash="page-idle"), SimpleNamespace(session_hash="page-busy")
-    first = dict(zip(OUTPUTS, list(handlers.chat(ctx, "one", None, "", request=page, **SHORT))[-1]))
-    chat_id = value(first["chats"])
+    chat_id, _, _ = send(ctx, page, "one", None, **SHORT)
     turn = handlers.chat(ctx, "long one", None, "", request=other, **LONG)
     for output in turn:
         if "Decoding" in str(dict(zip(OUTPUTS, output))["status"]):
             break
     try:
-        said = handlers.regenerate_requested(ctx, chat_id, page)
+        said, regen = click_regenerate(ctx, page, chat_id, **SHORT)
     finally:
         list(turn)  # the long turn runs to its end however the check goes
     assert "Regenerate waits: another chat" in said and "is being decoded (one at a time)" in said
     assert not ctx.regenerations.waiting(page.session_hash, chat_id)  # nothing for that turn to repeat
-    assert handlers.regenerate_requested(ctx, chat_id, page) == handlers.gr.skip()
+    assert "Done." in list(regen)[-1]["status"]
+    said, regen = click_regenerate(ctx, page, chat_id, **SHORT)
+    assert said == handlers.gr.skip() and "Done." in list(regen)[-1]["status"]
 
 
 def test_a_click_while_the_page_regenerates_the_chat_asks_nothing(app):
-    """The page drops a second Regenerate click while its regenerate is in flight (trigger mode "once"): no
-    regenerate follows, so the running one's status must not say that one waits."""
+    """A second Regenerate click while the page's regenerate of the chat is in flight (a double click) is a
+    repeat: it asks nothing, so the running one's status must not say that one waits, and its turn changes
+    nothing."""
     ctx, page = app.ctx, SimpleNamespace(session_hash="page-regenerate-twice")
-    first = dict(zip(OUTPUTS, list(handlers.chat(ctx, "one", None, "", request=page, **SHORT))[-1]))
-    chat_id = value(first["chats"])
-    regen = handlers.regenerate(ctx, chat_id, request=page, **LONG)
+    chat_id, _, _ = send(ctx, page, "one", None, **SHORT)
+    _, regen = click_regenerate(ctx, page, chat_id, **LONG)
     for output in regen:
-        if "Decoding" in str(dict(zip(OUTPUTS, output))["status"]):
+        if "Decoding" in str(output["status"]):
             break
-    assert handlers.regenerate_requested(ctx, chat_id, page) == handlers.gr.skip()
-    statuses = [str(dict(zip(OUTPUTS, output))["status"]) for output in regen]
+    said, repeat = click_regenerate(ctx, page, chat_id, **LONG)
+    assert said == handlers.gr.skip()
+    statuses = [str(output["status"]) for output in regen]
     assert "Done." in statuses[-1] and not any("Regenerate waits" in s for s in statuses)
+    answer = ctx.store.get(chat_id).messages[-1]
+    assert list(repeat) == [dict.fromkeys(OUTPUTS, handlers.gr.skip())]  # the repeat's turn changes nothing
+    assert ctx.store.get(chat_id).messages[-1] == answer
 
 
 def test_a_regenerate_sent_while_decoding_waits_then_replaces_that_answer(app):

@@ -3,7 +3,6 @@ link never read each other's chats; without a login the machine's one user sees 
 from __future__ import annotations
 
 import json
-import os
 from types import SimpleNamespace
 
 import pytest
