@@ -4,8 +4,8 @@ The step's shape: one sequence, 128 query rows (two 64-row tiles), ~1,314 cached
 head dim 128), bf16, no excluded keys (a flash-cache step passes no kv_keep), the first 16 rows scored
 (attention mass) or not. Every number is the median of 200 replays of a CUDA graph holding `copies` calls over
 rotating caches (together larger than L2), per call:
-  * the op as the engine calls it (auto split count, parts merged in the split kernel), the same with the
-    separate combine kernel, and that pair's split and combine kernels each alone;
+  * the op as the engine calls it (auto split count), the same with the parts merged in the split kernel
+    (merge_in_split), and the engine's split and combine kernels each alone;
   * the split kernel with its (BLOCK_N, warps, stages) forced, at 2-6 splits;
   * 256 keys (4 splits of one 64-key block each): the fixed cost of a program;
   * an empty Triton kernel on the same grid: the launch floor inside a graph;
@@ -96,15 +96,14 @@ def probe(kv_len: int, scored: bool, l2_bytes: int) -> None:
     chosen = auto.key_splits(shape.q, shape.plan, shape.score)
     record(f"op auto (splits={chosen})", timed(calls(lambda k, v: auto(shape.q, k, v, shape.plan, shape.score)),
                                               copies), shape.flops(), kv=kv_len, mass=scored)
-    combined = ScheduledAttention("triton", H, H, D)
-    combined.triton.merge_in_split = False  # the op before its split kernel merged the parts itself
-    record("op auto, parts merged by the combine kernel", timed(
-        calls(lambda k, v: combined(shape.q, k, v, shape.plan, shape.score)), copies), shape.flops(), kv=kv_len,
+    merged = ScheduledAttention("triton", H, H, D)
+    merged.triton.merge_in_split = True  # the split kernel's last program merges the parts: one launch
+    record("op auto, parts merged in the split kernel", timed(
+        calls(lambda k, v: merged(shape.q, k, v, shape.plan, shape.score)), copies), shape.flops(), kv=kv_len,
         mass=scored)
     for n_splits in (2, 3, 4, 5, 6):
         op = ScheduledAttention("triton", H, H, D, n_splits=n_splits)
         inner = op.triton
-        inner.merge_in_split = False  # the split kernel alone, then the combine alone
         op(shape.q, *shape.caches[0], shape.plan, shape.score)  # bucket + autotune
         bucket, launch, _, ws = split_launcher(inner, shape, None)
         best = K._attention_split_kernel.best_config

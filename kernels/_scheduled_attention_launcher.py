@@ -12,11 +12,12 @@ still point into it. The partial dtype is the inputs' for fp16/bf16 (half the by
 partials of 128 query rows per split weigh about as much as the split's keys) and fp32 for fp32 inputs, or
 fp32 always with ``fp32_partials`` (tests, benchmarks).
 
-The parts are merged by the split kernel itself (``merge_in_split``, the default): each program counts itself in
-on its (tile, head)'s arrival counter, and the last to arrive merges every part, so a layer's attention is one
-launch. At batch 1 the separate combine launch was a fixed chain of latencies (launch, plan loads, partial
-loads) on every layer; ``merge_in_split=False`` keeps it (tests, benchmarks). The counters are a third
-grow-only buffer per device, zeroed once: every launch leaves them zero.
+With ``merge_in_split`` the split kernel merges the parts itself: each program counts itself in on its (tile,
+head)'s arrival counter, and the last to arrive merges every part, so a layer's attention is one launch instead
+of two (at batch 1 the combine launch is a fixed chain of latencies on every layer). It is off by default until
+it is timed against the combine kernel on a GPU (benchmarks/README.md): one program then merges a whole tile's
+rows where the combine kernel spreads them over BLOCK_M / 16 programs. The counters are a third grow-only buffer
+per device, zeroed once: every launch leaves them zero.
 """
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ class TritonScheduledAttention:
     """Split-KV scheduled attention for one head geometry; call as f(q, k_cache, v_cache, plan, score_out)."""
 
     def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, n_splits: int | None = None,
-                 n_sms: int | None = None, fp32_partials: bool = False, merge_in_split: bool = True):
+                 n_sms: int | None = None, fp32_partials: bool = False, merge_in_split: bool = False):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.group = n_heads // n_kv_heads
         self.qk_scale_log2 = LOG2E / math.sqrt(head_dim)

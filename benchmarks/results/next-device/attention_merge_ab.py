@@ -1,5 +1,5 @@
-"""The key splits' parts merged by the split kernel's last-arriving program (the default: one launch per layer)
-against the separate combine kernel (two launches), in the step, in one process, alternating (step_ab.run_ab).
+"""The key splits' parts merged by the split kernel's last-arriving program (merge_in_split: one launch per layer)
+against the separate combine kernel (two launches; the default), in the step, in one process, alternating (step_ab.run_ab).
     PYTHONPATH must hold benchmarks/;  attention_merge_ab.py [ROUNDS] [GEOMETRY]"""
 import sys
 

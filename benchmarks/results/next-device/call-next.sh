@@ -16,8 +16,10 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_ker
   | tee $OUT/attention-tests.txt | tail -4; el
 timeout 200 python3 benchmarks/results/next-device/attention_merge_ab.py 2 llada-8b 2>&1 | grep -v -i warn \
   | tee $OUT/merge-ab-llada.txt; el
+if [ "${2:-}" != short ]; then  # short: the tests and LLaDA only (about 350 s)
 timeout $((585 - SECONDS + start)) python3 benchmarks/results/next-device/attention_merge_ab.py 2 dream-7b 2>&1 \
   | grep -v -i warn | tee $OUT/merge-ab-dream.txt; el
+fi
 else
 timeout 400 python3 -m pytest -q -p no:cacheprovider --noconftest \
   "tests/test_device_decoder.py::test_cuda_graph_replay_equals_eager_on_tiny_models" 2>&1 | tee $OUT/graph-tiny.txt \
