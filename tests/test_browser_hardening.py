@@ -14,67 +14,37 @@ import shutil
 import time
 
 import pytest
-import torch
 
-from flash_dllm.app.chats import ChatStore
-from flash_dllm.app.launch import serve
-from flash_dllm.app.models import LoadOptions, ModelHost
-from flash_dllm.app.turns import AppContext
-from flash_dllm.engine import Engine
-from flash_dllm.engine.tiny import TinySpec, write_tiny_model
-from app_testing import HeldEngine, free_port  # noqa: E402
+from app_testing import STATUS, held_browser_site, open_llada_page  # noqa: E402
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed")]
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-STATUS = "() => (document.querySelector('#status') || {}).textContent || ''"
 FINISHED = f"() => /Done|Stopped|ready for the next|not accepted/.test(({STATUS})())"
 NEW_CHAT = f"() => ({STATUS})().trim() === 'New chat.'"  # the note of New chat (a chat may be titled so)
 
 
+def an_earlier_chat(ctx, folder) -> None:
+    """A chat from before: every new page opens one (see `page`)."""
+    ctx.host.folder = str(folder)
+    earlier = ctx.store.create()
+    ctx.store.add_message(earlier.id, "user", "a chat from an earlier visit")
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    folder = write_tiny_model(tmp_path_factory.mktemp("models") / "tiny", TinySpec("llada"))
-    engine = HeldEngine(Engine.load(str(folder), device="cpu"))
-    ctx = AppContext(ModelHost(engine, LoadOptions(device="cpu"), name=str(folder)),
-                     ChatStore(tmp_path_factory.mktemp("chats")))
-    ctx.host.folder = str(folder)
-    earlier = ctx.store.create()  # a chat from before: every new page opens one (see `page`)
-    ctx.store.add_message(earlier.id, "user", "a chat from an earlier visit")
-    demo = serve(ctx, port=free_port())
-    playwright = sync_api.sync_playwright().start()
-    browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=ARGS)
-    errors: list[str] = []
-    try:
-        yield ctx, demo.local_url, browser, engine, errors
-    finally:
-        browser.close()
-        playwright.stop()
-        demo.close()
-        torch.set_num_threads(threads)
-    assert errors == []
+    with held_browser_site(tmp_path_factory, an_earlier_chat) as site:
+        yield site
+
+
+def new_chat(tab) -> None:
+    tab.get_by_role("button", name="New chat").click()  # each test starts in a new chat of its own
+    tab.wait_for_function(NEW_CHAT, timeout=30_000)
 
 
 @pytest.fixture()
 def page(site):
-    ctx, url, browser, engine, errors = site
-    engine.release.set()
-    tab = browser.new_page(viewport={"width": 1500, "height": 1000})
-    tab.on("pageerror", lambda err: errors.append(str(err)))
-    tab.goto(url, wait_until="domcontentloaded")
-    tab.get_by_role("textbox", name="Message").wait_for(timeout=30_000)
-    tab.get_by_role("button", name="New chat").click()  # each test starts in a new chat of its own
-    tab.wait_for_function(NEW_CHAT, timeout=30_000)
-    tab.get_by_label("llada").check()
-    tab.get_by_text("Raw knobs").click()
-    for label, number in (("gen length", 64), ("block length", 32)):
-        box = tab.get_by_label(f"number input for {label}")
-        box.fill(str(number))
-        box.press("Enter")
+    site.engine.release.set()
+    tab = open_llada_page(site, new_chat)
     yield tab
     tab.close()
 

@@ -10,64 +10,27 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import shutil
 import time
-from types import SimpleNamespace
 
 import pytest
-import torch
 
-from flash_dllm.app.chats import ChatStore
-from flash_dllm.app.launch import serve
-from flash_dllm.app.models import LoadOptions, ModelHost
-from flash_dllm.app.turns import AppContext
-from flash_dllm.engine import Engine
-from flash_dllm.engine.tiny import TinySpec, write_tiny_model
-from app_testing import HeldEngine, free_port  # noqa: E402
+from app_testing import STATUS, held_browser_site, open_llada_page  # noqa: E402
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed")]
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-STATUS = "() => (document.querySelector('#status') || {}).textContent || ''"
 STOP_ARMED = "() => document.querySelector('#stop-btn').classList.contains('armed')"
 ENDED = f"() => !({STOP_ARMED})()"  # every turn the page sent has ended (each arms Stop, each end disarms it)
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    folder = write_tiny_model(tmp_path_factory.mktemp("models") / "tiny", TinySpec("llada"))
-    engine = HeldEngine(Engine.load(str(folder), device="cpu"))
-    ctx = AppContext(ModelHost(engine, LoadOptions(device="cpu"), name=str(folder)),
-                     ChatStore(tmp_path_factory.mktemp("chats")))
-    demo = serve(ctx, port=free_port())
-    playwright = sync_api.sync_playwright().start()
-    browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=ARGS)
-    errors: list[str] = []
-    try:
-        yield SimpleNamespace(ctx=ctx, url=demo.local_url, browser=browser, engine=engine, errors=errors)
-    finally:
-        browser.close()
-        playwright.stop()
-        demo.close()
-        torch.set_num_threads(threads)
-    assert errors == []
+    with held_browser_site(tmp_path_factory) as site:
+        yield site
 
 
 @pytest.fixture()
 def page(site):
     site.engine.release.set()
-    tab = site.browser.new_page(viewport={"width": 1500, "height": 1000})
-    tab.on("pageerror", lambda err: site.errors.append(str(err)))
-    tab.goto(site.url, wait_until="domcontentloaded")
-    tab.get_by_role("textbox", name="Message").wait_for(timeout=30_000)
-    tab.get_by_label("llada").check()
-    tab.get_by_text("Raw knobs").click()
-    for label, number in (("gen length", 64), ("block length", 32)):
-        box = tab.get_by_label(f"number input for {label}")
-        box.fill(str(number))
-        box.press("Enter")
+    tab = open_llada_page(site)
     yield tab
     site.engine.release.set()
     tab.close()
