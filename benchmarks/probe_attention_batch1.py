@@ -4,8 +4,7 @@ The step's shape: one sequence, 128 query rows (two 64-row tiles), ~1,314 cached
 head dim 128), bf16, no excluded keys (a flash-cache step passes no kv_keep), the first 16 rows scored
 (attention mass) or not. Every number is the median of 200 replays of a CUDA graph holding `copies` calls over
 rotating caches (together larger than L2), per call:
-  * the op as the engine calls it (auto split count), the same with the parts merged in the split kernel
-    (merge_in_split), and the engine's split and combine kernels each alone;
+  * the op as the engine calls it (auto split count), and its split and combine kernels each alone;
   * the split kernel with its (BLOCK_N, warps, stages) forced, at 2-6 splits;
   * 256 keys (4 splits of one 64-key block each): the fixed cost of a program;
   * an empty Triton kernel on the same grid: the launch floor inside a graph;
@@ -70,8 +69,7 @@ def split_launcher(inner, shape: Shape, config: dict | None):
     bucket = inner.bucket(shape.q, shape.plan, shape.score)
     meta = dict(bucket.split_meta)
     out = torch.empty_like(shape.q)
-    ws = (bucket.acc_ws, bucket.m_ws, bucket.l_ws) if bucket.n_parts > 1 else (shape.q,) * 3
-    arrivals = bucket.arrivals if bucket.arrivals is not None else shape.q
+    ws = (bucket.acc_ws, bucket.m_ws, bucket.l_ws) if bucket.combine_grid else (shape.q,) * 3
     sq = shape.plan.score_query.view(torch.uint8) if meta["HAS_SCORE"] else shape.q
     scores = shape.score if meta["HAS_SCORE"] else shape.q
     kernel = K._attention_split_kernel if config is None else K._attention_split_kernel.fn
@@ -80,7 +78,7 @@ def split_launcher(inner, shape: Shape, config: dict | None):
     def launch(k_cache, v_cache):
         kernel[bucket.split_grid](
             shape.q, k_cache, v_cache, out, shape.plan.tile_seq, shape.plan.tile_q0, shape.plan.q_start,
-            shape.plan.q_len, shape.plan.kv_start, shape.plan.kv_len, shape.q, shape.q, shape.q, sq, scores, *ws, arrivals,
+            shape.plan.q_len, shape.plan.kv_start, shape.plan.kv_len, shape.q, shape.q, shape.q, sq, scores, *ws,
             shape.q.stride(0), k_cache.stride(0), v_cache.stride(0), out.stride(0), 0,
             shape.plan.block_m, 1, bucket.n_splits, shape.q.shape[0], inner.qk_scale_log2, **meta, **extra)
     return bucket, launch, out, ws
@@ -96,11 +94,6 @@ def probe(kv_len: int, scored: bool, l2_bytes: int) -> None:
     chosen = auto.key_splits(shape.q, shape.plan, shape.score)
     record(f"op auto (splits={chosen})", timed(calls(lambda k, v: auto(shape.q, k, v, shape.plan, shape.score)),
                                               copies), shape.flops(), kv=kv_len, mass=scored)
-    merged = ScheduledAttention("triton", H, H, D)
-    merged.triton.merge_in_split = True  # the split kernel's last program merges the parts: one launch
-    record("op auto, parts merged in the split kernel", timed(
-        calls(lambda k, v: merged(shape.q, k, v, shape.plan, shape.score)), copies), shape.flops(), kv=kv_len,
-        mass=scored)
     for n_splits in (2, 3, 4, 5, 6):
         op = ScheduledAttention("triton", H, H, D, n_splits=n_splits)
         inner = op.triton

@@ -11,13 +11,6 @@ one op on two streams at once). A buffer that is outgrown stays alive, because a
 still point into it. The partial dtype is the inputs' for fp16/bf16 (half the bytes of fp32: at batch 1 the
 partials of 128 query rows per split weigh about as much as the split's keys) and fp32 for fp32 inputs, or
 fp32 always with ``fp32_partials`` (tests, benchmarks).
-
-With ``merge_in_split`` the split kernel merges the parts itself: each program counts itself in on its (tile,
-head)'s arrival counter, and the last to arrive merges every part, so a layer's attention is one launch instead
-of two (at batch 1 the combine launch is a fixed chain of latencies on every layer). It is off by default until
-it is timed against the combine kernel on a GPU (benchmarks/README.md): one program then merges a whole tile's
-rows where the combine kernel spreads them over BLOCK_M / 16 programs. The counters are a third grow-only buffer
-per device, zeroed once: every launch leaves them zero.
 """
 from __future__ import annotations
 
@@ -72,11 +65,10 @@ class Bucket:
     n_splits: int
     n_parts: int  # workspace parts: the key splits, plus one for the in-query keys
     split_grid: tuple[int, int, int]
-    combine_grid: tuple[int, int, int] | None  # None: the split kernel writes the output (one split, or merged)
+    combine_grid: tuple[int, int, int] | None  # None: one split, the split kernel writes the output
     acc_ws: torch.Tensor | None  # [parts, rows, heads, head_dim] each part's normalised output (partial dtype)
     m_ws: torch.Tensor | None  # [parts, rows, heads] fp32 partial row max (log2 domain)
     l_ws: torch.Tensor | None  # [parts, rows, heads] fp32 partial row sum
-    arrivals: torch.Tensor | None  # [tiles, heads] int32 parts counted in so far (merged in the split kernel)
     split_meta: dict
     combine_meta: dict
 
@@ -85,14 +77,13 @@ class TritonScheduledAttention:
     """Split-KV scheduled attention for one head geometry; call as f(q, k_cache, v_cache, plan, score_out)."""
 
     def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, n_splits: int | None = None,
-                 n_sms: int | None = None, fp32_partials: bool = False, merge_in_split: bool = False):
+                 n_sms: int | None = None, fp32_partials: bool = False):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.group = n_heads // n_kv_heads
         self.qk_scale_log2 = LOG2E / math.sqrt(head_dim)
         self.forced_splits = n_splits  # tests and benchmarks pin the split count
         self.n_sms = n_sms
-        self.fp32_partials = fp32_partials  # read when a bucket is made, as is:
-        self.merge_in_split = merge_in_split
+        self.fp32_partials = fp32_partials  # read when a bucket is made
         self._buckets: OrderedDict[BucketKey, Bucket] = OrderedDict()
         self._workspaces: dict[tuple[torch.device, str, torch.dtype], torch.Tensor] = {}
         self._outgrown: list[torch.Tensor] = []  # kept alive for graphs that captured them
@@ -124,12 +115,11 @@ class TritonScheduledAttention:
             inq_mask = inq_mask.contiguous()
         score_query = _as_flags(plan.score_query) if has_score else q
         scores = score_out if has_score else q
-        workspace = (bucket.acc_ws, bucket.m_ws, bucket.l_ws) if bucket.n_parts > 1 else (q, q, q)
-        arrivals = bucket.arrivals if bucket.arrivals is not None else q
+        workspace = (bucket.acc_ws, bucket.m_ws, bucket.l_ws) if bucket.combine_grid else (q, q, q)
         _attention_split_kernel[bucket.split_grid](
             q, k_cache, v_cache, out,
             plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len,
-            keep, plan.inq_start if has_inq else q, inq_mask, score_query, scores, *workspace, arrivals,
+            keep, plan.inq_start if has_inq else q, inq_mask, score_query, scores, *workspace,
             q.stride(0), k_cache.stride(0), v_cache.stride(0), out.stride(0), inq_mask.stride(0),
             plan.block_m, self.group, bucket.n_splits, q.shape[0], self.qk_scale_log2, **meta,
         )
@@ -157,11 +147,9 @@ class TritonScheduledAttention:
             "HAS_KEEP": key.has_keep, "HAS_INQ": key.has_inq, "HAS_SCORE": key.has_score, "ONE_PASS": one_pass,
             "UPCAST": interpreting(), "DOT_PRECISION": "ieee" if key.dtype == torch.float32 else "tf32",
         }
-        n_parts = 1 if one_pass else n_splits + key.has_inq
-        merged = not one_pass and self.merge_in_split
-        split_meta["MERGE_PARTS"] = n_parts if merged else 0
         if one_pass:
-            return Bucket(1, 1, (key.n_tiles, self.n_heads, 1), None, None, None, None, None, split_meta, {})
+            return Bucket(1, 1, (key.n_tiles, self.n_heads, 1), None, None, None, None, split_meta, {})
+        n_parts = n_splits + key.has_inq
         combine_meta = {"HEAD_DIM": self.head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "N_PARTS": n_parts}
         n_row_heads = n_parts * key.n_rows * self.n_heads
         half = key.dtype in (torch.float16, torch.bfloat16) and not self.fp32_partials
@@ -169,21 +157,19 @@ class TritonScheduledAttention:
         acc_ws = self._workspace(key.device, "outputs", partial, n_row_heads * self.head_dim)
         stats = self._workspace(key.device, "stats", torch.float32, 2 * n_row_heads)
         m_ws, l_ws = stats[:n_row_heads], stats[n_row_heads:]
-        arrivals = self._workspace(key.device, "arrivals", torch.int32, key.n_tiles * self.n_heads) if merged else None
-        combine_grid = None if merged else (key.n_tiles, self.n_heads, block_m // COMBINE_ROWS.value)
+        combine_grid = (key.n_tiles, self.n_heads, block_m // COMBINE_ROWS.value)
         return Bucket(n_splits, n_parts, (key.n_tiles, self.n_heads, n_parts), combine_grid, acc_ws, m_ws, l_ws,
-                      arrivals, split_meta, combine_meta)
+                      split_meta, combine_meta)
 
     def _workspace(self, device: torch.device, role: str, dtype: torch.dtype, need: int) -> torch.Tensor:
-        """The first ``need`` elements of the device's shared buffer for ``role`` ("outputs", "stats" or
-        "arrivals": made zeroed) in this dtype, grown (never shrunk) to fit."""
+        """The first ``need`` elements of the device's shared buffer for ``role`` ("outputs" or "stats") in this
+        dtype, grown (never shrunk) to fit."""
         key = (device, role, dtype)
         buffer = self._workspaces.get(key)
         if buffer is None or buffer.numel() < need:
             if buffer is not None:
                 self._outgrown.append(buffer)
-            make = torch.zeros if role == "arrivals" else torch.empty
-            buffer = self._workspaces[key] = make(need, dtype=dtype, device=device)
+            buffer = self._workspaces[key] = torch.empty(need, dtype=dtype, device=device)
         return buffer[:need]
 
 

@@ -79,12 +79,12 @@ def _attention_split_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr,
     tile_seq_ptr, tile_q0_ptr, q_start_ptr, q_len_ptr, kv_start_ptr, kv_len_ptr,
     kv_keep_ptr, inq_start_ptr, inq_mask_ptr, score_query_ptr, score_out_ptr,
-    acc_ws_ptr, m_ws_ptr, l_ws_ptr, arrivals_ptr,
+    acc_ws_ptr, m_ws_ptr, l_ws_ptr,
     stride_q, stride_k, stride_v, stride_out, stride_inq,
     tile_rows, group, n_splits, n_rows, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_KEEP: tl.constexpr, HAS_INQ: tl.constexpr, HAS_SCORE: tl.constexpr, ONE_PASS: tl.constexpr,
-    MERGE_PARTS: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -150,17 +150,6 @@ def _attention_split_kernel(
         part_out = acc * (1.0 / tl.maximum(l_i, 1.0))[:, None]
         tl.store(acc_ws_ptr + ws_row[:, None] * HEAD_DIM + offs_d[None, :], part_out.to(acc_ws_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
-        if MERGE_PARTS > 0:
-            # Every warp's stores precede the arrival (one thread's gpu-scope acq_rel atomic after a CTA barrier);
-            # the last part of the (tile, head) to arrive merges all of them, in part order (the same sums
-            # whichever arrives last), with loads that follow its acquire and bypass L1 (.cg).
-            tl.debug_barrier()
-            arrival_ptr = arrivals_ptr + tile * tl.num_programs(1) + head
-            if tl.atomic_add(arrival_ptr, 1, sem="acq_rel", scope="gpu") == MERGE_PARTS - 1:
-                tl.store(arrival_ptr, 0)  # every part has counted in: ready for the next launch
-                part_stride = (n_rows * tl.num_programs(1)).to(tl.int64)
-                _merge_parts(out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, offs_m, row_ok, offs_d, d_ok, head,
-                             part_stride, stride_out, HEAD_DIM, BLOCK_D, MERGE_PARTS, BLOCK_M, ".cg")
 
 
 @triton.autotune(configs=_combine_configs(), key=["BLOCK_M", "HEAD_DIM", "N_PARTS"], **_KEEP_TUNING)
@@ -180,27 +169,15 @@ def _attention_combine_kernel(
     d_ok = offs_d < HEAD_DIM
     part_stride = (n_rows * tl.num_programs(1)).to(tl.int64)
     rows, row_ok = _tile_slice(q0, q_end, tile_rows, z * COMBINE_ROWS, COMBINE_ROWS)
-    _merge_parts(out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, rows, row_ok, offs_d, d_ok, head, part_stride,
-                 stride_out, HEAD_DIM, BLOCK_D, N_PARTS, COMBINE_ROWS, "")
-
-
-@triton.jit
-def _merge_parts(out_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, rows, row_ok, offs_d, d_ok, head, part_stride, stride_out,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, N_PARTS: tl.constexpr, BLOCK: tl.constexpr,
-                 CACHE: tl.constexpr):
-    """The final output of BLOCK packed rows of one head from every part's (row max, row sum, normalised
-    output): each part's output weighted by its share of the row sum, in part order. Shared by the combine
-    kernel and the split kernel's last-arriving program, so both give the same bits."""
     ws_row = rows.to(tl.int64) * tl.num_programs(1) + head
-    m_f, l_f = _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, N_PARTS, BLOCK, CACHE)
+    m_f, l_f = _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, N_PARTS, COMBINE_ROWS)
     m_ref = tl.where(m_f == float("-inf"), 0.0, m_f)
-    acc = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([COMBINE_ROWS, BLOCK_D], dtype=tl.float32)
     for p in tl.static_range(N_PARTS):  # each part's output, weighted by its share of the row sum
-        m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"), cache_modifier=CACHE)
-        l_p = tl.load(l_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=0.0, cache_modifier=CACHE)
+        m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"))
+        l_p = tl.load(l_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=0.0)
         out_ptrs_p = acc_ws_ptr + (p * part_stride + ws_row)[:, None] * HEAD_DIM + offs_d[None, :]
-        out_p = tl.load(out_ptrs_p, mask=row_ok[:, None] & d_ok[None, :], other=0.0,
-                        cache_modifier=CACHE).to(tl.float32)
+        out_p = tl.load(out_ptrs_p, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         acc += out_p * (l_p * tl.exp2(m_p - m_ref))[:, None]
     out = acc * (1.0 / tl.maximum(l_f, 1.0))[:, None]  # l_f == 0: no visible key, acc is 0, output 0
     out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_out + (head * HEAD_DIM + offs_d)[None, :]
@@ -225,15 +202,14 @@ def _tile_slice(q0, q_end, tile_rows, first, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, N_PARTS: tl.constexpr, BLOCK: tl.constexpr,
-                      CACHE: tl.constexpr):
+def _merged_row_stats(m_ws_ptr, l_ws_ptr, ws_row, row_ok, part_stride, N_PARTS: tl.constexpr, BLOCK: tl.constexpr):
     """Final (row max, row sum) of each row over every part, the in-query part included (rows not row_ok:
     (-inf, 0)). Unrolled: every part's loads go out at once."""
     m_f = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
     l_f = tl.zeros([BLOCK], dtype=tl.float32)
     for p in tl.static_range(N_PARTS):
-        m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"), cache_modifier=CACHE)
-        l_p = tl.load(l_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=0.0, cache_modifier=CACHE)
+        m_p = tl.load(m_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=float("-inf"))
+        l_p = tl.load(l_ws_ptr + p * part_stride + ws_row, mask=row_ok, other=0.0)
         m_new = tl.maximum(m_f, m_p)
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # empty parts carry (-inf, 0, 0)
         l_f = l_f * tl.exp2(m_f - m_ref) + l_p * tl.exp2(m_p - m_ref)

@@ -156,28 +156,6 @@ def test_split_partials_are_kept_in_the_input_dtype(dtype):
     assert results[False] <= results[True] + torch.finfo(dtype).eps, results
 
 
-@pytest.mark.parametrize("block_m,n_splits", [(16, 7), (24, 2), (64, 3)])
-def test_parts_merged_by_the_last_split_equal_the_combine_kernel(block_m, n_splits):
-    """The split kernel's last-arriving program merges the parts (merge_in_split) in the same order as the separate
-    combine kernel: the same bits, every (tile, head) merged exactly once (its counter back at zero for the
-    next call), whatever the tile height, with empty splits (7 over short sequences), in-query parts and a
-    sequence without cache keys. A second call through the same counters gives the same bits again."""
-    batch = Batch([5, 50, 17, 3], [33, 300, 0, 129], 4, 2, 16, torch.bfloat16, block_m=block_m, keep_prob=0.2,
-                  in_query=True, score_prob=0.5)
-    merged, combined = batch.op(n_splits), batch.op(n_splits)
-    assert not combined.triton.merge_in_split  # the default until it is timed on a GPU
-    merged.triton.merge_in_split = True
-    out_merged, _ = batch.run(merged)
-    out_combined, _ = batch.run(combined)
-    bucket = merged.triton.bucket(batch.q, batch.plan)
-    assert bucket.combine_grid is None and combined.triton.bucket(batch.q, batch.plan).arrivals is None
-    assert bucket.split_meta["MERGE_PARTS"] == n_splits + 1  # the splits and the in-query part
-    assert torch.equal(out_merged, out_combined)
-    assert torch.equal(bucket.arrivals, torch.zeros_like(bucket.arrivals))
-    assert torch.equal(batch.run(merged)[0], out_merged)
-    check(batch, merged, with_score=True)
-
-
 @pytest.mark.parametrize("n_splits", [1, 3])
 @pytest.mark.parametrize("block_m", [16, 24, 64])
 def test_tile_heights(block_m, n_splits):
@@ -401,10 +379,6 @@ def test_decode_step_full_shapes_bf16(model, n_seqs):
     check(batch, op, with_score=True)
     if n_seqs == 1:
         assert op.key_splits(batch.q, batch.plan, batch.score_init) > 1  # the point of the split path
-        merged = batch.op()
-        merged.triton.merge_in_split = True
-        check(batch, merged, with_score=True)
-        assert torch.equal(batch.run(merged)[0], batch.run(op)[0])  # the same merge in the same order
 
 
 @needs_gpu
