@@ -169,8 +169,7 @@ def engine_numbers(result, tokens: int) -> dict:
     if tokens == len(result.token_ids):
         per_forward, per_s = result.tokens_per_forward, result.tokens_per_s
     else:
-        per_forward = round(tokens_per_forward(tokens, result.forward_passes), 3)
-        per_s = round(tokens_per_second(tokens, result.elapsed_s), 3)
+        per_forward, per_s = rates(tokens, result.forward_passes, result.elapsed_s)
     return numbers(result.method, result.steps, result.forward_passes, per_forward, per_s, result.elapsed_s,
                    result.kernels)
 
@@ -179,9 +178,13 @@ def step_numbers(last: StepEvent, tokens: int, method: str, kernels: str) -> dic
     """The numbers of an answer a stop string cut (its request cancelled, so no result): from its last step
     event's cumulative counters, with ``tokens`` the completion tokens its usage reports (not the cells
     committed by then, which run past the cut); rounded as the engine rounds a result's."""
-    forwards, elapsed = last.forward_passes, last.elapsed_s
-    return numbers(method, last.step + 1, forwards, round(tokens_per_forward(tokens, forwards), 3),
-                   round(tokens_per_second(tokens, elapsed), 3), round(elapsed, 4), kernels)
+    return numbers(method, last.step + 1, last.forward_passes, *rates(tokens, last.forward_passes, last.elapsed_s),
+                   round(last.elapsed_s, 4), kernels)
+
+
+def rates(tokens: int, forward_passes: int, elapsed_s: float) -> tuple[float, float]:
+    """(tokens per forward pass, tokens per second), rounded as the engine rounds a result's."""
+    return round(tokens_per_forward(tokens, forward_passes), 3), round(tokens_per_second(tokens, elapsed_s), 3)
 
 
 def sse(data) -> bytes:

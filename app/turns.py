@@ -253,13 +253,9 @@ def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, sys
         return
     if (yield from _wait_for_chat(ctx, chat_id, session, page_gone, emit, regenerate)):
         said = "nothing was regenerated" if regenerate else "your message is back in the box"
-        try:
-            shown = chat_messages(ctx.store.get(chat_id), ctx.sessions.queued(chat_id))
-        except KeyError:  # deleted meanwhile
-            shown = gr.skip()
         yield emit(status=note(f"Stopped before it started: {said}. This chat's previous answer is still being "
                                "decoded; Stop again ends it.", "warn"),
-                   message=gr.skip() if regenerate else message, chatbot=shown)
+                   message=gr.skip() if regenerate else message, chatbot=chat_now(ctx, chat_id))
         return
     try:
         if regenerate:
