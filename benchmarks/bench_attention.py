@@ -101,7 +101,9 @@ def bench(model: str, n_seqs: int, block_m: int, l2_bytes: int, scored: bool) ->
              f"{'mass on' if scored else 'mass off'}")
     print(f"\n{model} {shape} (graph of {copies} calls)", flush=True)
     auto = ScheduledAttention("triton", step.n_heads, step.n_kv_heads, HEAD_DIM)
-    chosen = auto.key_splits(step.q, step.plan, step.score if scored else None)
+    score = step.score.clone() if scored else None
+    auto(step.q, *step.caches[0], step.plan, score)  # its first call settles the split count
+    chosen = auto.key_splits(step.q, step.plan, score)
     variants = [("one-split", 1), (f"auto (n_splits={chosen})", None)]
     if n_seqs == 1:
         variants += [(f"forced n_splits={n}", n) for n in (2, 3, 4, 5, 6, 8) if n != chosen]

@@ -91,6 +91,8 @@ def probe(kv_len: int, scored: bool, l2_bytes: int) -> None:
     print(f"\n{tag} (graph of {copies} calls)", flush=True)
     calls = lambda f: (lambda: [f(k, v) for k, v in shape.caches])  # noqa: E731
     auto = ScheduledAttention("triton", H, H, D)
+    k, v = shape.caches[0]
+    auto(shape.q, k, v, shape.plan, shape.score.clone() if shape.score is not None else None)  # settles the splits
     chosen = auto.key_splits(shape.q, shape.plan, shape.score)
     record(f"op auto (splits={chosen})", timed(calls(lambda k, v: auto(shape.q, k, v, shape.plan, shape.score)),
                                               copies), shape.flops(), kv=kv_len, mass=scored)

@@ -248,7 +248,9 @@ def bench_attention(model: str) -> None:
             out = scheduled_attention(q, kc, vc, plan, n_heads, n_kv_heads, so, backend="triton")
             err = ((out.float() - loop_out.float()).norm() / loop_out.float().norm()).item()
             t = median_ms(lambda: scheduled_attention(q, kc, vc, plan, n_heads, n_kv_heads, so, backend="triton"))
-            splits = ScheduledAttention("triton", n_heads, n_kv_heads, 128).key_splits(q, plan, so)
+            auto = ScheduledAttention("triton", n_heads, n_kv_heads, 128)
+            auto(q, kc, vc, plan, score.clone() if with_score else None)  # its first call settles the split count
+            splits = auto.key_splits(q, plan, so)
             config = f"key splits {splits}"
             record("scheduled_attention", model, shape, f"scheduled[bm={block_m}{'+score' if with_score else ''}]",
                    t, tflops=flops / t / 1e9, vs_padded_sdpa=t_pad / t, vs_sdpa_loop=t_loop / t, rel_err=err,

@@ -3,7 +3,10 @@
 A bucket is everything about a call that is fixed for a CUDA graph: device, dtype, packed query rows, tiles,
 tile height, the plan's static `max_kv_len` and which optional inputs are present. Its first call (eager)
 picks the split count, the grids and the workspace; later calls only launch, so a call can be captured in a
-CUDA graph and replayed with new plan tensor contents. Nothing here reads plan tensor values.
+CUDA graph and replayed with new plan tensor contents. Nothing here reads plan tensor values. The split count
+fills the programs the SMs hold at once, which depends on the config the tuner picks: the first split launch of
+each feature set reads its compiled kernel's occupancy and, where it is lower than assumed, makes that
+schedule again (see `_first_split_call`).
 
 The workspace (the splits' partials) is two grow-only buffers per device shared by all buckets: the parts'
 outputs in the partial dtype and their row statistics in fp32 (stream-ordered launches reuse them; do not run
@@ -23,16 +26,19 @@ import torch
 import triton
 
 from . import interpreting
+from ._occupancy import compiled_programs_per_sm
 from ._scheduled_attention_triton import COMBINE_ROWS, LOG2E, _attention_combine_kernel, _attention_split_kernel
 
-WAVES = 2  # programs of 64-row tiles that one SM holds at once: the split count fills at most this many per SM
+# Programs per SM the split count fills at most: two where the tuned config fits twice (Hopper, measured there),
+# fewer where the compiled kernel's occupancy says so (an RTX 3090's SM holds one of every candidate config)
+WAVES = 2
 MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed cost (q load, partial store, combine) outweighs its keys
 INTERPRETER_SMS = 16  # a made-up machine, so the interpreter's default schedule splits small test problems too
 MAX_BUCKETS = 256  # ragged eager plans make a new bucket almost every step; old schedules are cheap to rebuild
 
 
-def choose_splits(n_tiles: int, n_heads: int, max_kv_len: int, n_sms: int) -> int:
-    """Key splits per (tile, head): as many as fit the programs the SMs hold at once (WAVES per SM), each split
+def choose_splits(n_tiles: int, n_heads: int, max_kv_len: int, n_sms: int, waves: int = WAVES) -> int:
+    """Key splits per (tile, head): as many as fit the programs the SMs hold at once (waves per SM), each split
     keeping at least MIN_KEYS_PER_SPLIT of the longest sequence's keys; 1 when the tiles alone fill the machine.
     Rounded down from two splits up: a batch-1 program is mostly a fixed chain of latencies (plan, query tile,
     first keys, partial store), so a few programs past what the SMs hold cost a second round of that chain. But
@@ -41,7 +47,7 @@ def choose_splits(n_tiles: int, n_heads: int, max_kv_len: int, n_sms: int) -> in
     programs = n_tiles * n_heads
     if programs == 0:
         return 1
-    slots = WAVES * n_sms
+    slots = waves * n_sms
     wanted = slots // programs if slots >= 2 * programs else round(slots / programs)
     return max(1, min(wanted, max_kv_len // MIN_KEYS_PER_SPLIT))
 
@@ -71,6 +77,7 @@ class Bucket:
     l_ws: torch.Tensor | None  # [parts, rows, heads] fp32 partial row sum
     split_meta: dict
     combine_meta: dict
+    provisional: bool = False  # split count chosen for WAVES before the tuned config's occupancy was read
 
 
 class TritonScheduledAttention:
@@ -85,14 +92,13 @@ class TritonScheduledAttention:
         self.n_sms = n_sms
         self.fp32_partials = fp32_partials  # read when a bucket is made
         self._buckets: OrderedDict[BucketKey, Bucket] = OrderedDict()
+        self._waves: dict[tuple, int] = {}  # _waves_key -> programs per SM the split count fills (<= WAVES)
         self._workspaces: dict[tuple[torch.device, str, torch.dtype], torch.Tensor] = {}
         self._outgrown: list[torch.Tensor] = []  # kept alive for graphs that captured them
 
     def bucket(self, q: torch.Tensor, plan, score_out: torch.Tensor | None = None) -> Bucket:
         """The schedule a call with these arguments uses (made on the first call of its bucket)."""
-        key = BucketKey(q.device, q.dtype, q.shape[0], plan.tile_seq.shape[0], plan.block_m, plan.max_kv_len,
-                        plan.kv_keep is not None, plan.inq_start is not None and plan.inq_mask is not None,
-                        score_out is not None and plan.score_query is not None)
+        key = self._bucket_key(q, plan, score_out)
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = self._new_bucket(key)
@@ -102,11 +108,32 @@ class TritonScheduledAttention:
             self._buckets.move_to_end(key)
         return bucket
 
+    def _bucket_key(self, q, plan, score_out) -> BucketKey:
+        return BucketKey(q.device, q.dtype, q.shape[0], plan.tile_seq.shape[0], plan.block_m, plan.max_kv_len,
+                         plan.kv_keep is not None, plan.inq_start is not None and plan.inq_mask is not None,
+                         score_out is not None and plan.score_query is not None)
+
     def __call__(self, q, k_cache, v_cache, plan, score_out=None) -> torch.Tensor:
         out = torch.empty_like(q)
         if plan.tile_seq.shape[0] == 0 or q.shape[0] == 0:
             return out
         bucket = self.bucket(q, plan, score_out)
+        if bucket.provisional:
+            return self._first_split_call(bucket, q, k_cache, v_cache, out, plan, score_out)
+        self._launch(bucket, q, k_cache, v_cache, out, plan, score_out)
+        return out
+
+    def _launch(self, bucket: Bucket, q, k_cache, v_cache, out, plan, score_out) -> None:
+        args, meta = self._split_args(bucket, q, k_cache, v_cache, out, plan, score_out)
+        _attention_split_kernel[bucket.split_grid](*args, **meta)
+        if bucket.combine_grid:
+            _attention_combine_kernel[bucket.combine_grid](
+                out, plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len,
+                bucket.acc_ws, bucket.m_ws, bucket.l_ws, out.stride(0), plan.block_m, q.shape[0],
+                **bucket.combine_meta,
+            )
+
+    def _split_args(self, bucket: Bucket, q, k_cache, v_cache, out, plan, score_out) -> tuple[tuple, dict]:
         meta = bucket.split_meta
         has_inq, has_score = meta["HAS_INQ"], meta["HAS_SCORE"]
         keep = _as_flags(plan.kv_keep) if meta["HAS_KEEP"] else q
@@ -116,29 +143,44 @@ class TritonScheduledAttention:
         score_query = _as_flags(plan.score_query) if has_score else q
         scores = score_out if has_score else q
         workspace = (bucket.acc_ws, bucket.m_ws, bucket.l_ws) if bucket.combine_grid else (q, q, q)
-        _attention_split_kernel[bucket.split_grid](
-            q, k_cache, v_cache, out,
-            plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len,
-            keep, plan.inq_start if has_inq else q, inq_mask, score_query, scores, *workspace,
-            q.stride(0), k_cache.stride(0), v_cache.stride(0), out.stride(0), inq_mask.stride(0),
-            plan.block_m, self.group, bucket.n_splits, q.shape[0], self.qk_scale_log2, **meta,
-        )
-        if bucket.combine_grid:
-            _attention_combine_kernel[bucket.combine_grid](
-                out, plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len, *workspace,
-                out.stride(0), plan.block_m, q.shape[0], **bucket.combine_meta,
-            )
+        args = (q, k_cache, v_cache, out,
+                plan.tile_seq, plan.tile_q0, plan.q_start, plan.q_len, plan.kv_start, plan.kv_len,
+                keep, plan.inq_start if has_inq else q, inq_mask, score_query, scores, *workspace,
+                q.stride(0), k_cache.stride(0), v_cache.stride(0), out.stride(0), inq_mask.stride(0),
+                plan.block_m, self.group, bucket.n_splits, q.shape[0], self.qk_scale_log2)
+        return args, meta
+
+    def _first_split_call(self, bucket: Bucket, q, k_cache, v_cache, out, plan, score_out) -> torch.Tensor:
+        """The first call of a split schedule whose kernel config's occupancy is not known yet: launch it (which
+        tunes the config), read how many of its programs an SM holds, and if fewer than WAVES, make the schedule
+        again for that many and launch that instead (the attention mass is put back first: the kernel adds to
+        it). Later buckets of the same features are made with the known number at once."""
+        scores_before = score_out.clone() if bucket.split_meta["HAS_SCORE"] else None
+        self._launch(bucket, q, k_cache, v_cache, out, plan, score_out)
+        args, meta = self._split_args(bucket, q, k_cache, v_cache, out, plan, score_out)
+        held = split_programs_per_sm(args, bucket.split_grid, meta, q.device)
+        key = self._bucket_key(q, plan, score_out)
+        self._waves[_waves_key(key)] = min(WAVES, held or WAVES)
+        settled = self._buckets[key] = self._new_bucket(key)
+        if settled.n_splits != bucket.n_splits:
+            if scores_before is not None:
+                score_out.copy_(scores_before)
+            self._launch(settled, q, k_cache, v_cache, out, plan, score_out)
         return out
 
     def _new_bucket(self, key: BucketKey) -> Bucket:
         if key.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("scheduled attention: the first call of a plan shape must run eagerly, before CUDA "
                                f"graph capture (it sizes the workspace); new shape {key}")
+        provisional = False
         if self.forced_splits is not None:
             n_splits = self.forced_splits
         else:
             n_sms = self.n_sms or _sm_count(key.device)
-            n_splits = choose_splits(key.n_tiles, self.n_heads, key.max_kv_len, n_sms)
+            waves = self._waves.get(_waves_key(key))
+            n_splits = choose_splits(key.n_tiles, self.n_heads, key.max_kv_len, n_sms, waves or WAVES)
+            # the split kernel's occupancy is read on its first launch; a one-split schedule would stay one
+            provisional = waves is None and n_splits > 1
         one_pass = n_splits == 1
         block_d, block_m = max(16, triton.next_power_of_2(self.head_dim)), max(16, triton.next_power_of_2(key.block_m))
         split_meta = {
@@ -148,7 +190,7 @@ class TritonScheduledAttention:
             "UPCAST": interpreting(), "DOT_PRECISION": "ieee" if key.dtype == torch.float32 else "tf32",
         }
         if one_pass:
-            return Bucket(1, 1, (key.n_tiles, self.n_heads, 1), None, None, None, None, split_meta, {})
+            return Bucket(1, 1, (key.n_tiles, self.n_heads, 1), None, None, None, None, split_meta, {}, provisional)
         n_parts = n_splits + key.has_inq
         combine_meta = {"HEAD_DIM": self.head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "N_PARTS": n_parts}
         n_row_heads = n_parts * key.n_rows * self.n_heads
@@ -159,7 +201,7 @@ class TritonScheduledAttention:
         m_ws, l_ws = stats[:n_row_heads], stats[n_row_heads:]
         combine_grid = (key.n_tiles, self.n_heads, block_m // COMBINE_ROWS.value)
         return Bucket(n_splits, n_parts, (key.n_tiles, self.n_heads, n_parts), combine_grid, acc_ws, m_ws, l_ws,
-                      split_meta, combine_meta)
+                      split_meta, combine_meta, provisional)
 
     def _workspace(self, device: torch.device, role: str, dtype: torch.dtype, need: int) -> torch.Tensor:
         """The first ``need`` elements of the device's shared buffer for ``role`` ("outputs" or "stats") in this
@@ -171,6 +213,24 @@ class TritonScheduledAttention:
                 self._outgrown.append(buffer)
             buffer = self._workspaces[key] = torch.empty(need, dtype=dtype, device=device)
         return buffer[:need]
+
+
+def _waves_key(key: BucketKey) -> tuple:
+    """What the split kernel's tuned config depends on (its autotune key and the arguments' dtype), per device."""
+    return key.device, key.dtype, key.block_m, key.has_keep, key.has_inq, key.has_score
+
+
+def split_programs_per_sm(args: tuple, grid: tuple, meta: dict, device: torch.device) -> int | None:
+    """Programs of the split kernel's tuned config (the one its last launch used) that one SM holds at once;
+    None in the interpreter or when Triton cannot say."""
+    if interpreting() or device.type != "cuda":
+        return None
+    try:
+        config = _attention_split_kernel.best_config
+        compiled = _attention_split_kernel.fn.warmup(*args, grid=grid, **meta, **config.all_kwargs())
+        return compiled_programs_per_sm(compiled, device)
+    except Exception:  # an internal Triton API changed: keep WAVES, as before occupancy was read
+        return None
 
 
 def _sm_count(device: torch.device) -> int:

@@ -251,7 +251,8 @@ class ScheduledAttention:
         return self._run(q, k_cache, v_cache, plan, score_out)
 
     def key_splits(self, q: torch.Tensor, plan: AttentionPlan, score_out: torch.Tensor | None = None) -> int:
-        """How many programs share each (tile, head)'s cache keys for this call (1 on the torch path)."""
+        """How many programs share each (tile, head)'s cache keys for this call (1 on the torch path). Before the
+        first call of a feature set on a GPU this assumes WAVES programs per SM; that call may lower it."""
         return self.triton.bucket(q, plan, score_out).n_splits if self.triton else 1
 
     def _reference(self, q, k_cache, v_cache, plan, score_out):

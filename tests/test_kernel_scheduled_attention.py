@@ -299,12 +299,50 @@ def test_split_count_fills_what_the_sms_hold_at_once():
     assert choose_splits(6, 32, 1312, 132) == 1  # 264 / 192 = 1.4
     assert choose_splits(4, 28, 1312, 132) == 2  # 112 x 2
     assert choose_splits(1, 32, 1312, 132) == 5  # 1 tile (a 48-row verify pass): 32 x 8 > 264, capped at 1312 // 256
-    assert choose_splits(2, 32, 1312, 82) == 2  # an RTX 3090's 82 SMs: 164 // 64
+    assert choose_splits(2, 32, 1312, 82) == 2  # 82 SMs holding two programs each: 164 // 64
     assert choose_splits(3, 28, 1312, 82) == 2  # Dream batch 1 there: 164 / 84 = 1.95
+    # an RTX 3090 holds one split program per SM (tests/test_kernel_occupancy.py)
+    assert choose_splits(2, 32, 1312, 82, waves=1) == 1  # 82 / 64 = 1.3: the tiles nearly fill it
+    assert choose_splits(1, 32, 1312, 82, waves=1) == 2  # a 32-row verify pass / fast-dllm block: 82 // 32
+    assert choose_splits(1, 28, 1312, 82, waves=1) == 2  # Dream's: 82 / 28 = 2.9 rounds down (>= two)
     assert choose_splits(16, 32, 1312, 132) == 1  # batch 8: the tiles alone make ~4 waves
     assert choose_splits(2, 32, 700, 132) == 2  # capped: each split keeps >= 256 keys
     assert choose_splits(2, 32, 200, 132) == 1
     assert choose_splits(0, 32, 1312, 132) == 1
+
+
+def test_first_split_launch_reads_the_occupancy_and_schedules_again(monkeypatch):
+    """Where the tuned config fits once per SM (an RTX 3090), the first split launch of a feature set finds out
+    and makes its schedule again for half the programs, without adding the attention mass twice; later shapes
+    with those features start from the known occupancy."""
+    from flash_dllm.kernels import _scheduled_attention_launcher as launcher
+
+    asked = []
+    monkeypatch.setattr(launcher, "split_programs_per_sm", lambda args, grid, meta, device: asked.append(grid) or 1)
+    batch = Batch([40], [1100], 4, 2, 16, torch.float32, block_m=32, score_prob=0.5)  # 2 tiles x 4 heads
+    op = batch.op()
+    first = op.triton.bucket(batch.q, batch.plan, batch.score_init)
+    assert first.provisional and first.n_splits == 4  # 2 x 16 interpreter SMs / 8 programs
+    check(batch, op, with_score=True)
+    settled = op.triton.bucket(batch.q, batch.plan, batch.score_init)
+    assert not settled.provisional and settled.n_splits == 2 and asked == [first.split_grid]  # 16 / 8
+    check(batch, op, with_score=True)
+    longer = Batch([40], [1300], 4, 2, 16, torch.float32, block_m=32, score_prob=0.5, seed=1)  # a new bucket
+    bucket = op.triton.bucket(longer.q, longer.plan, longer.score_init)
+    assert not bucket.provisional and bucket.n_splits == 2
+    check(longer, op, with_score=True)
+    plain = op.triton.bucket(longer.q, longer.plan)  # other features: their own tuned config, not known yet
+    assert plain.provisional and len(asked) == 1
+
+
+def test_unknown_occupancy_keeps_the_schedule():
+    """In the interpreter (or where Triton cannot say) the first launch keeps WAVES' split count."""
+    batch = Batch([40], [1100], 4, 2, 16, torch.float32, block_m=32)
+    op = batch.op()
+    first = op.triton.bucket(batch.q, batch.plan)
+    check(batch, op)
+    settled = op.triton.bucket(batch.q, batch.plan)
+    assert first.provisional and not settled.provisional and settled.n_splits == first.n_splits == 4
 
 
 def test_default_schedule_splits_long_sequences():
@@ -375,10 +413,28 @@ def decode_step(model: str, n_seqs: int, in_query: bool = False, fill=float("nan
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_decode_step_full_shapes_bf16(model, n_seqs):
     batch = decode_step(model, n_seqs, in_query=n_seqs == 1)
+    op = batch.op(n_splits=4 if n_seqs == 1 else None)  # batch 1 takes the split path on every GPU
+    check(batch, op, with_score=True)
+
+
+@needs_gpu
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_split_count_follows_the_tuned_configs_occupancy_on_the_gpu(model, monkeypatch):
+    """The first split launch reads how many programs of its tuned config an SM holds (Triton's compiled kernel
+    and the device's limits) and the schedule fills that many per SM (at most WAVES)."""
+    from flash_dllm.kernels import _scheduled_attention_launcher as launcher
+
+    read, real = [], launcher.split_programs_per_sm
+    monkeypatch.setattr(launcher, "split_programs_per_sm", lambda *args: read.append(real(*args)) or read[-1])
+    batch = decode_step(model, 1)
     op = batch.op()
     check(batch, op, with_score=True)
-    if n_seqs == 1:
-        assert op.key_splits(batch.q, batch.plan, batch.score_init) > 1  # the point of the split path
+    assert len(read) == 1 and read[0] is not None and 1 <= read[0] <= 32, read
+    waves = min(launcher.WAVES, read[0])
+    n_sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    expected = choose_splits(batch.plan.tile_seq.shape[0], batch.n_heads, batch.plan.max_kv_len, n_sms, waves)
+    assert op.key_splits(batch.q, batch.plan, batch.score_init) == expected
+    print(f"{torch.cuda.get_device_name()}: {read[0]} split programs per SM, {expected} key splits")
 
 
 @needs_gpu

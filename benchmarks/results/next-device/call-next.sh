@@ -9,6 +9,7 @@
 #    bash benchmarks/results/gpu-check-2026-12-06f/call2.sh llada-8b, then dream-7b),
 # and call-kernels.sh, call.sh (the weight layout for fast-dllm on an H100 and for Dream).
 # Two calls: `call-next.sh ab` (1, about 400 s), then `call-next.sh graph` (2).
+# (The fourteenth session had no device: it added the occupancy check at the top of `ab`.)
 # (The thirteenth session had one call, after seven failed starts: the key splits merged inside the split kernel,
 # slower and taken out again; benchmarks/README.md. Items 1 and 2 above are still open.)
 source benchmarks/device_env.sh
@@ -16,6 +17,10 @@ export PYTHONUNBUFFERED=1
 start=$SECONDS; el() { echo "[elapsed $((SECONDS - start)) s]"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 if [ "${1:-ab}" = ab ]; then
+# the split kernel's occupancy read on this GPU (fourteenth session): expect 2 programs per SM on Hopper
+timeout 150 python3 -m pytest -q -p no:cacheprovider --noconftest -s \
+  "tests/test_kernel_scheduled_attention.py::test_split_count_follows_the_tuned_configs_occupancy_on_the_gpu" \
+  2>&1 | grep -E "per SM|passed|failed|Error" | tee $OUT/occupancy.txt; el
 timeout 200 python3 benchmarks/results/next-device/attention_partials_ab.py 2 dream-7b fp32,input-dtype 2>&1 | grep -v -i warn \
   | tee $OUT/partials-ab-dream.txt; el
 timeout 200 python3 benchmarks/results/next-device/attention_partials_ab.py 2 llada-8b input-dtype,input-dtype-6-splits \
