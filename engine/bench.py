@@ -70,8 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         from flash_dllm.engine.bench_worker import run_worker
+        from flash_dllm.engine.settings import SettingsError
 
-        rows = run_worker(args)
+        try:
+            rows = run_worker(args)
+        except SettingsError as err:  # settings this model cannot run: say so, without a traceback
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         Path(args.worker).write_text(json.dumps(rows))
         return 0
     return run_decode(args)

@@ -195,7 +195,13 @@ def build_engine(args):
 
 
 def run_worker(args) -> dict:
+    from flash_dllm.engine.settings import SettingsError
+
     engine = build_engine(args)
+    context = engine.model.config.max_seq_len
+    if args.prompt_length + args.gen_length > context:  # before the ceilings: nothing would be timed
+        raise SettingsError(f"prompt {args.prompt_length} + answer {args.gen_length} tokens exceed {engine.name}'s "
+                            f"context of {context}; pass a smaller --prompt-length or --gen-length")
     env = environment(engine.device)
     cells = cells_of(args)
     shift = args.rotation % len(cells)
@@ -203,6 +209,7 @@ def run_worker(args) -> dict:
     measured = {}
     with torch.no_grad():
         for method, batch in order:
-            measured[(method, batch)] = measure(engine, method, batch, args)
-            print(f"  {method} batch {batch}: {measured[(method, batch)].get('iter_ms_median')} ms/iter", flush=True)
+            row = measured[(method, batch)] = measure(engine, method, batch, args)
+            said = row["error"] if row.get("error") else f"{row['iter_ms_median']:.3f} ms/iter"
+            print(f"  {method} batch {batch}: {said}", flush=True)
     return {"env": env, "cells": [measured[cell] for cell in cells]}

@@ -62,6 +62,17 @@ def test_short_answers_are_generated_again_until_every_iteration_is_timed(tiny_d
     assert row["iterations_per_process"] == 7 and row["ms_per_iter_median"] > 0
 
 
+def test_a_prompt_past_the_models_context_is_said_in_one_line(tiny_dream, tmp_path, capfd):
+    """The defaults (800 + 512 tokens) exceed a small model's context: the worker says which flags to change,
+    without a traceback, and the run stops at once."""
+    code = main(["bench", "decode", "--model", str(tiny_dream), "--prompt-length", "100000", "--repeats", "3",
+                 "--device", "cpu", "--out", str(tmp_path)])
+    err = capfd.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    assert "exceed" in err and "--prompt-length" in err and "process 1 failed (exit 2)" in err
+    assert not (tmp_path / "decode.json").exists()
+
+
 def test_full_geometry_on_the_cpu_is_refused_with_what_to_do_instead(capsys, monkeypatch):
     import torch
 
