@@ -13,8 +13,9 @@ Decisions a client should know (README, "OpenAI-compatible API"):
 - ``temperature`` defaults to 0 (greedy), the engine's default, not OpenAI's 1; with a temperature and no
   ``seed`` a random seed is drawn, so repeated sampled requests differ as they do with OpenAI.
 - OpenAI fields the engine cannot honour are refused when set to anything but their neutral value (``n`` 1,
-  ``top_p`` 1, penalties 0, no tools, no logprobs); unknown fields are refused by name (a misspelt engine knob
-  would otherwise be ignored silently).
+  penalties 0, no tools, no logprobs); unknown fields are refused by name (a misspelt engine knob would otherwise
+  be ignored silently). ``top_p`` filters method dream's sampling (Dream's published default is 0.95); with
+  another method only 1 passes, as the engine refuses a filter that method would ignore.
 """
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ from dataclasses import dataclass, field
 from flash_dllm.engine import GenerationSettings, SettingsError, block_length_for, validate
 
 MAX_STOP_STRINGS = 4  # as OpenAI
-# The engine's own knobs, accepted as extra body fields, with the JSON type each must have.
+# The engine's own knobs, accepted as extra body fields, and OpenAI's top_p (a knob of method dream), with the
+# JSON type each must have.
 ENGINE_FIELDS = {"method": str, "threshold": float, "gamma": float, "block_length": int, "window": int,
                  "lookahead": int, "track": int, "steps": int, "max_candidates": int, "cfg_scale": float,
-                 "acceptance": str, "cache_mode": str, "end_rule": str, "alg": str, "alg_temp": float, "top_k": int}
+                 "acceptance": str, "cache_mode": str, "end_rule": str, "alg": str, "alg_temp": float, "top_k": int,
+                 "top_p": float}
 # OpenAI fields the engine has no use for, accepted only at their neutral values (None is always neutral).
-NEUTRAL_VALUES = {"n": (1,), "top_p": (1, 1.0), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+NEUTRAL_VALUES = {"n": (1,), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
                   "logit_bias": ({},), "logprobs": (False,), "top_logprobs": (0,), "tools": ([],),
                   "tool_choice": ("none",), "functions": ([],), "response_format": ({"type": "text"},)}
 IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier",
@@ -145,13 +148,23 @@ def parse_stop(stop) -> list[str]:
     return [utf8(s, "stop") for s in stops]
 
 
+def shown(value) -> str:
+    """A request value as an error message quotes it: whole when short, else what it is."""
+    text = str(value)
+    if len(text) <= 40:
+        return text
+    if isinstance(value, (list, dict)):
+        return f"(a {type(value).__name__} of {len(value)})"
+    return text[:37] + "..."
+
+
 def check_fields(body: dict) -> None:
     known = set(OPENAI_FIELDS) | set(ENGINE_FIELDS) | set(NEUTRAL_VALUES) | set(IGNORED_FIELDS)
     for name, value in body.items():
         if name not in known:
             raise invalid(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter")
         if name in NEUTRAL_VALUES and value is not None and value not in NEUTRAL_VALUES[name]:
-            raise invalid(f"{name} {str(value)[:40]} is not supported by this server (diffusion decoding); leave "
+            raise invalid(f"{name} {shown(value)} is not supported by this server (diffusion decoding); leave "
                           f"it out or set it to {NEUTRAL_VALUES[name][0]!r}", name, "unsupported_parameter")
 
 
@@ -181,6 +194,8 @@ def param_of(message: str, length_field: str) -> str | None:
 def build_settings(body: dict, defaults: GenerationSettings, block_size: int | None = None) -> GenerationSettings:
     max_tokens, length_field = answer_length(body, defaults.gen_length)
     knobs = {name: typed(name, body[name], kind) for name, kind in ENGINE_FIELDS.items() if body.get(name) is not None}
+    if knobs.get("top_p") == 1:
+        knobs["top_p"] = None  # OpenAI's neutral value: no filter, with any method
     if body.get("temperature") is not None:
         knobs["temperature"] = typed("temperature", body["temperature"], float)
     if body.get("seed") is not None:

@@ -109,7 +109,9 @@ def validate(settings: GenerationSettings, max_context: int | None = None, promp
                             f"use gen length {lengths}, or a block length that divides {s.gen_length}")
     if s.method == "dream":
         check_dream(s)
-    elif s.steps is not None:
+    else:
+        check_no_dream_filters(s)
+    if s.method != "dream" and s.steps is not None:
         if s.steps < s.n_blocks or s.steps > s.gen_length or s.steps % s.n_blocks:
             raise SettingsError(
                 f"steps {s.steps} must be a multiple of the number of blocks ({s.n_blocks}) between {s.n_blocks} and {s.gen_length}"
@@ -164,6 +166,16 @@ def model_refusal(block_method: bool, block_length: int | None, model_block: int
     if block_method and block_length != model_block:
         return f"block length must be the model's block size {model_block} for {names} (got {block_length})"
     return None
+def check_no_dream_filters(s: GenerationSettings) -> None:
+    """Top-p and top-k filter Dream's sampler only: another method would ignore them, so they are refused there
+    (a top-p of 1 filters nothing and passes)."""
+    for name in ("top_p", "top_k"):
+        value = getattr(s, name)
+        if value is not None and not (name == "top_p" and value == 1):
+            raise SettingsError(f"{name.replace('_', ' ')} filters method dream's sampling only; method {s.method} "
+                                f"samples from the whole distribution at its temperature (got {value})")
+
+
 def check_dream(s: GenerationSettings) -> None:
     """Dream's sampler has no blocks: any number of steps from 1 to the answer length."""
     if s.steps is not None and not 1 <= s.steps <= s.gen_length:

@@ -107,6 +107,14 @@ def test_block_length_divides_the_answer_length_and_never_changes_it():
         validate(settings)
 
 
+def test_top_p_filters_method_dream_and_one_filters_nothing():
+    """Dream's published sampling is temperature 0.2 with top-p 0.95: the API passes top_p on to method dream."""
+    dream = parse_chat_request(body(method="dream", temperature=0.2, top_p=0.95, top_k=20)).settings
+    assert (dream.method, dream.temperature, dream.top_p, dream.top_k) == ("dream", 0.2, 0.95, 20)
+    for method in ("dream", "flash-cache"):  # OpenAI's neutral value passes with any method and filters nothing
+        assert parse_chat_request(body(method=method, top_p=1)).settings.top_p is None
+
+
 def test_a_request_becomes_engine_settings():
     chat = parse_chat_request(body(max_tokens=48, temperature=0.5, seed=7, stop="\n\n", method="fast-dllm",
                                    threshold=0.8, gamma=0.7, window=8, stream=True,
@@ -149,8 +157,12 @@ def test_a_request_becomes_engine_settings():
     (dict(stream="yes"), "stream", "true or false"),
     (dict(stream_options={"include_usage": True}), "stream_options", "only allowed"),
     (dict(n=2), "n", "not supported"),
-    (dict(top_p=0.5), "top_p", "not supported"),
+    (dict(top_p=0.5), "top_p", "top p filters method dream's sampling only; method flash-cache"),
+    (dict(top_k=4), "top_k", "top k filters method dream's"),
+    (dict(method="dream", top_p=0), "top_p", "top p must be in (0, 1]"),
     (dict(tools=[{"type": "function"}]), "tools", "not supported"),
+    (dict(tools=[{"type": "function", "function": {"name": "lookup", "parameters": {}}}]), "tools",
+     "tools (a list of 1) is not supported"),
     (dict(treshold=0.5), "treshold", "Unrecognized"),
 ])
 def test_bad_fields_are_refused_by_name(fields, param, words):

@@ -167,6 +167,8 @@ BAD_INPUTS = [
     (["--batch-file", "/nonexistent/prompts.txt"], "cannot read"),
     ([], "--prompt"),
     (["hi", "--prompt", "hi"], "give the prompt once"),
+    (["hi", "--top-k", "3"], "argument --top-k: top k filters method dream's sampling only"),  # not ignored
+    (["hi", "--method", "fast-dllm", "--top-p", "0.9"], "argument --top-p: top p filters method dream's"),
 ]
 
 

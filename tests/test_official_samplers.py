@@ -192,6 +192,13 @@ def test_end_rule_and_dream_settings_are_validated():
         validate(GenerationSettings(method="dream", gen_length=32, steps=33))
     with pytest.raises(SettingsError, match="top p"):
         validate(GenerationSettings(method="dream", top_p=0.0))
+    for method in ("llada", "fast-dllm", "flash-cache", "flash-verify"):  # they would ignore Dream's filters
+        with pytest.raises(SettingsError, match=f"^top k filters method dream's sampling only; method {method}"):
+            validate(GenerationSettings(method=method, top_k=5))
+        with pytest.raises(SettingsError, match="^top p filters method dream's"):
+            validate(GenerationSettings(method=method, top_p=0.9))
+        validate(GenerationSettings(method=method, top_p=1))  # filters nothing
+    validate(GenerationSettings(method="dream", top_p=0.9, top_k=5))
     validate(GenerationSettings(method="dream", gen_length=32, block_length=32, steps=5))  # no block constraint
     assert GenerationSettings(method="flash-cache").resolved_end_rule == "stop"
     assert GenerationSettings(method="fast-dllm").resolved_end_rule == "official"
