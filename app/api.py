@@ -1,4 +1,5 @@
-"""`POST /v1/chat/completions` and `GET /v1/models`, OpenAI-compatible, in front of the engine's requests.
+"""`POST /v1/chat/completions`, `POST /v1/completions` and `GET /v1/models`, OpenAI-compatible, in front of the
+engine's requests.
 
 `build_api(host, config)` is a Starlette app: app/launch.py mounts it at /v1 beside the page, app/serve.py
 serves it alone (`flash-dllm-chat serve`). Each completion is one `Engine.submit` request; its events come from
@@ -16,6 +17,8 @@ them into text. The API never assumes how the engine schedules requests (one at 
   flight or no model is loaded (a switch is under way), 500 with one line when the engine fails.
 - A client that goes away cancels its engine request: a stream when its connection closes (the response's
   own close, `CancellingStream`), a plain request when the wait notices the disconnect.
+- /v1/completions takes one raw prompt (text or token ids) and decodes it without the chat template; its answers
+  come from the same loop as a chat's, only wrapped as OpenAI's text_completion.
 """
 from __future__ import annotations
 
@@ -36,9 +39,11 @@ from starlette.routing import Route
 from flash_dllm.app.api_keys import BearerKey
 from flash_dllm.app.model_settings import methods_for
 from flash_dllm.app.models import Lease, ModelBusy, ModelHost, history_exchanges, model_id, model_names
-from flash_dllm.app.openai_request import ApiError, ChatRequest, invalid, param_of, parse_chat_request
-from flash_dllm.app.openai_stream import (KEEP_ALIVE, CommittedPrefix, CompletionMeta, TextStream, chunk,
-                                          completion, engine_numbers, returned_tokens, sse, step_numbers, usage)
+from flash_dllm.app.openai_request import (ApiError, ChatRequest, invalid, param_of, parse_chat_request,
+                                           parse_text_request)
+from flash_dllm.app.openai_stream import (KEEP_ALIVE, CommittedPrefix, CompletionMeta, TextStream, chat_piece,
+                                          chunk, completion, engine_numbers, returned_tokens, sse, step_numbers,
+                                          text_chunk, text_completion, text_meta, usage)
 from flash_dllm.engine import (CanvasStart, EngineError, GenerationSettings, PromptError, SettingsError, StepEvent,
                                keep_last_exchanges, validate)
 
@@ -78,16 +83,20 @@ class EngineCall:
             validate(chat.settings, model_config=lease.engine.model.config)
         except SettingsError as err:  # a method (or block length) this model cannot decode with
             raise invalid(str(err), param_of(str(err), "max_tokens") or "method") from None
-        # A model trained on short chats only (the bundled one) reads the last few exchanges, as on the page;
-        # the response says so (history_headers), since a client sent the rest.
-        self.window = history_exchanges(lease.name)
-        messages, self.left_out = keep_last_exchanges(chat.messages, self.window)
+        self.param = "prompt" if chat.messages is None else "messages"  # what a refused input came from
+        if chat.messages is None:  # a text completion: the prompt as given
+            self.window, self.left_out, prompt = None, 0, chat.prompt
+        else:
+            # A model trained on short chats only (the bundled one) reads the last few exchanges, as on the page;
+            # the response says so (history_headers), since a client sent the rest.
+            self.window = history_exchanges(lease.name)
+            prompt, self.left_out = keep_last_exchanges(chat.messages, self.window)
         try:
-            self.request = lease.engine.submit(messages, chat.settings, on_event=self._on_event)
+            self.request = lease.engine.submit(prompt, chat.settings, on_event=self._on_event)
         except SettingsError as err:  # settings were validated already: what is left is the context check
-            raise invalid(str(err), "messages", "context_length_exceeded") from None
+            raise invalid(str(err), self.param, "context_length_exceeded") from None
         except (PromptError, ValueError) as err:  # a conversation the tokenizer cannot take
-            raise invalid(one_line(err), "messages") from None
+            raise invalid(one_line(err), self.param) from None
         except EngineError as err:  # the engine cannot take the request now
             raise ApiError(503, one_line(err), "server_error", None, "engine_overloaded", {"Retry-After": "1"}) from None
 
@@ -125,7 +134,7 @@ class EngineCall:
         try:
             result = self.request.result(0)
         except (SettingsError, PromptError) as err:
-            raise invalid(str(err), "messages") from None
+            raise invalid(str(err), self.param) from None
         except EngineError as err:
             raise ApiError(500, one_line(err), "server_error", None, "engine_error") from None
         except Exception as err:  # noqa: BLE001 - a bug in the engine: one line to the client, never a traceback
@@ -267,7 +276,14 @@ class ChatApi:
             self._in_flight -= 1
 
     async def chat_completions(self, request: Request) -> Response:
-        chat = parse_chat_request(await read_json(request, self.config.max_body_bytes), *self.request_defaults())
+        body = await read_json(request, self.config.max_body_bytes)
+        return await self.serve(parse_chat_request(body, *self.request_defaults()), request)
+
+    async def text_completions(self, request: Request) -> Response:
+        body = await read_json(request, self.config.max_body_bytes)
+        return await self.serve(parse_text_request(body, *self.request_defaults()), request)
+
+    async def serve(self, chat: ChatRequest, request: Request) -> Response:
         self._admit()
         lease = call = None
         try:
@@ -279,7 +295,8 @@ class ChatApi:
                 lease.release()
             self._leave()
             raise
-        meta = CompletionMeta(model=model_id(lease.name, lease.engine.folder))
+        name = model_id(lease.name, lease.engine.folder)
+        meta = text_meta(name) if chat.messages is None else CompletionMeta(model=name)
         decode = lease.engine.tokenizer.decode
         finished = threading.Event()
 
@@ -309,20 +326,22 @@ class ChatApi:
                 if await request.is_disconnected():
                     call.close()
                     return Response(status_code=499)
-        return JSONResponse(completion(meta, "".join(parts), outcome.finish_reason,
-                                       usage(outcome.prompt_tokens, outcome.completion_tokens),
-                                       call.numbers(outcome)),
+        wrap = text_completion if chat.messages is None else completion
+        return JSONResponse(wrap(meta, "".join(parts), outcome.finish_reason,
+                                 usage(outcome.prompt_tokens, outcome.completion_tokens), call.numbers(outcome)),
                             headers=call.history_headers())
 
     async def stream(self, call, chat, meta, decode) -> AsyncIterator[bytes]:
-        yield sse(chunk(meta, {"role": "assistant", "content": ""}))
+        piece = text_chunk if chat.messages is None else chat_piece
+        if chat.messages is not None:  # a chat stream opens with the assistant's role
+            yield sse(chunk(meta, {"role": "assistant", "content": ""}))
         sent, outcome = time.monotonic(), None
         try:
             async for item in answer(call, chat, decode, self.config.poll_s):
                 if isinstance(item, Outcome):
                     outcome = item
                 elif item:
-                    yield sse(chunk(meta, {"content": item}))
+                    yield sse(piece(meta, item))
                     sent = time.monotonic()
                 elif time.monotonic() - sent > self.config.keep_alive_s:
                     yield KEEP_ALIVE
@@ -334,10 +353,10 @@ class ChatApi:
         # usage and the engine's numbers ride on the finishing chunk unless the client asked for OpenAI's
         # separate usage chunk
         if chat.include_usage:
-            yield sse(chunk(meta, {}, outcome.finish_reason))
-            yield sse(chunk(meta, None, usage_=counts, engine=engine_fields))
+            yield sse(piece(meta, "", outcome.finish_reason))
+            yield sse(piece(meta, None, None, counts, engine_fields))
         else:
-            yield sse(chunk(meta, {}, outcome.finish_reason, counts, engine_fields))
+            yield sse(piece(meta, "", outcome.finish_reason, counts, engine_fields))
         yield sse("[DONE]")
 
 
@@ -351,7 +370,7 @@ async def route_error(request: Request, err: HTTPException) -> Response:
         message, code = f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
     elif err.status_code == 404:
         message = (f"unknown route {request.method} {request.url.path}; this server answers "
-                   "POST /v1/chat/completions and GET /v1/models")
+                   "POST /v1/chat/completions, POST /v1/completions and GET /v1/models")
         code = "unknown_url"
     else:
         message, code = str(err.detail), None
@@ -372,7 +391,8 @@ def build_api(host: ModelHost, config: ApiConfig | None = None) -> Starlette:
     api = ChatApi(host, config or ApiConfig())
     routes = [Route("/models", api.models, methods=["GET"]),
               Route("/models/{model:path}", api.model, methods=["GET"]),
-              Route("/chat/completions", api.chat_completions, methods=["POST"])]
+              Route("/chat/completions", api.chat_completions, methods=["POST"]),
+              Route("/completions", api.text_completions, methods=["POST"])]
     app = Starlette(routes=routes, exception_handlers=ERROR_HANDLERS,
                     middleware=[Middleware(BearerKey, key=api.config.key)])
     app.state.chat_api = api

@@ -134,7 +134,8 @@ def build_parser() -> Parser:
     from flash_dllm.app.serve import add_serve_arguments
 
     add_serve_arguments(commands.add_parser("serve", help="serve the OpenAI-compatible API only (no page), for "
-                                                          "scripts: /v1/chat/completions, /v1/models"))
+                                                          "scripts: /v1/chat/completions, /v1/completions, "
+                                                          "/v1/models"))
     pull = commands.add_parser("pull", help="download a model into the Hugging Face cache")
     pull.add_argument("repo", help="Hugging Face repo id, e.g. GSAI-ML/LLaDA-8B-Instruct")
     models = commands.add_parser("models", help="list downloaded and bundled models")

@@ -1,8 +1,9 @@
-"""An OpenAI chat-completions request body, checked and turned into what the engine takes.
+"""An OpenAI chat-completions (or text-completions) request body, checked and turned into what the engine takes.
 
 `parse_chat_request(body, defaults)` returns a `ChatRequest` (the messages as {"role", "content"} text, the
 `GenerationSettings`, the stop strings and how to answer) or raises `ApiError` with the status, the OpenAI error
-``type``/``code`` and the ``param`` at fault. The engine's `validate` stays the judge of which values are legal;
+``type``/``code`` and the ``param`` at fault. `parse_text_request` does the same for /v1/completions: one prompt
+(text or token ids) in place of the messages, and settings that skip the chat template. The engine's `validate` stays the judge of which values are legal;
 this module only says which request field a refused setting came from.
 
 Decisions a client should know (README, "OpenAI-compatible API"):
@@ -40,6 +41,10 @@ IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_ca
                   "prompt_cache_key", "reasoning_effort")
 OPENAI_FIELDS = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop",
                  "stream", "stream_options")
+# /v1/completions (a raw prompt, no chat template): its own fields, and the legacy ones it has no use for
+TEXT_FIELDS = ("model", "prompt", "max_tokens", "temperature", "seed", "stop", "stream", "stream_options")
+TEXT_NEUTRAL_VALUES = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (0,),
+                       "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},)}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -62,12 +67,15 @@ def invalid(message: str, param: str | None = None, code: str | None = "invalid_
 
 @dataclass
 class ChatRequest:
+    """A chat completion (``messages``), or a text completion (``prompt``, fed without the chat template)."""
+
     model: str
-    messages: list[dict]
+    messages: list[dict] | None
     settings: GenerationSettings
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    prompt: str | list[int] | None = None  # a text completion's prompt: its text or its token ids
 
 
 def neighbours(max_tokens: int, block_length: int) -> str:
@@ -158,14 +166,14 @@ def shown(value) -> str:
     return text[:37] + "..."
 
 
-def check_fields(body: dict) -> None:
-    known = set(OPENAI_FIELDS) | set(ENGINE_FIELDS) | set(NEUTRAL_VALUES) | set(IGNORED_FIELDS)
+def check_fields(body: dict, fields=OPENAI_FIELDS, neutral=NEUTRAL_VALUES) -> None:
+    known = set(fields) | set(ENGINE_FIELDS) | set(neutral) | set(IGNORED_FIELDS)
     for name, value in body.items():
         if name not in known:
             raise invalid(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter")
-        if name in NEUTRAL_VALUES and value is not None and value not in NEUTRAL_VALUES[name]:
+        if name in neutral and value is not None and value not in neutral[name]:
             raise invalid(f"{name} {shown(value)} is not supported by this server (diffusion decoding); leave "
-                          f"it out or set it to {NEUTRAL_VALUES[name][0]!r}", name, "unsupported_parameter")
+                          f"it out or set it to {neutral[name][0]!r}", name, "unsupported_parameter")
 
 
 def answer_length(body: dict, default: int) -> tuple[int, str]:
@@ -226,14 +234,47 @@ def parse_chat_request(body, defaults: GenerationSettings = GenerationSettings()
                        block_size: int | None = None) -> ChatRequest:
     """The request as the engine takes it; ApiError (400) for the first field at fault. ``block_size``: the
     loaded model's, when it is a block-diffusion model (block_length defaults to it)."""
+    model = check_body(body, OPENAI_FIELDS, NEUTRAL_VALUES)
+    return ChatRequest(model, parse_messages(body.get("messages")), *streamed_settings(body, defaults, block_size))
+
+
+def parse_text_request(body, defaults: GenerationSettings = GenerationSettings(),
+                       block_size: int | None = None) -> ChatRequest:
+    """A /v1/completions request: one prompt, decoded as given (no chat template)."""
+    model = check_body(body, TEXT_FIELDS, TEXT_NEUTRAL_VALUES)
+    prompt = parse_prompt(body.get("prompt"))
+    settings, *rest = streamed_settings(body, defaults, block_size)
+    return ChatRequest(model, None, settings.with_overrides(use_chat_template=False), *rest, prompt=prompt)
+
+
+def check_body(body, fields, neutral) -> str:
+    """The body's model, once its fields are known and its unsupported ones neutral."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", None, "invalid_json")
-    check_fields(body)
+    check_fields(body, fields, neutral)
     model = body.get("model")
     if model is None:
         raise invalid("model is required (GET /v1/models names the loaded one)", "model", "missing_required_parameter")
-    typed("model", model, str)
-    messages = parse_messages(body.get("messages"))
+    return typed("model", model, str)
+
+
+def parse_prompt(prompt) -> str | list[int]:
+    """A text completion's prompt: a string or its token ids, alone or as the one item of a list."""
+    if prompt is None:
+        raise invalid("prompt is required", "prompt", "missing_required_parameter")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return utf8(prompt, "prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise invalid(f"one prompt per request (got {len(prompt)}); send each as its own request", "prompt")
+    raise invalid("prompt must be a string, a list of token ids, or a list holding one of them", "prompt")
+
+
+def streamed_settings(body: dict, defaults: GenerationSettings, block_size: int | None) -> tuple:
+    """(settings, stop strings, stream, include_usage) of a chat or text completion."""
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise invalid("stream must be true or false", "stream")
@@ -245,4 +286,4 @@ def parse_chat_request(body, defaults: GenerationSettings = GenerationSettings()
             raise invalid("stream_options must be an object such as {\"include_usage\": true}", "stream_options")
     stop = parse_stop(body.get("stop"))
     settings = build_settings(body, defaults, block_size)
-    return ChatRequest(model, messages, settings, stop, bool(stream), bool((options or {}).get("include_usage")))
+    return settings, stop, bool(stream), bool((options or {}).get("include_usage"))

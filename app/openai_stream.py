@@ -145,6 +145,37 @@ def chunk(meta: CompletionMeta, delta: dict | None, finish_reason: str | None = 
     return body
 
 
+def chat_piece(meta: CompletionMeta, text: str | None, finish_reason: str | None = None, usage_: dict | None = None,
+               engine: dict | None = None) -> dict:
+    """A chat chunk of new text ("": the finishing chunk's empty delta; None: the usage-only chunk), called as
+    `text_chunk` is for a text completion."""
+    delta = None if text is None else {"content": text} if text else {}
+    return chunk(meta, delta, finish_reason, usage_, engine)
+
+
+def text_meta(model: str) -> CompletionMeta:
+    """The meta of a text completion (/v1/completions): OpenAI numbers those "cmpl-"."""
+    return CompletionMeta(model, f"cmpl-{uuid.uuid4().hex[:24]}")
+
+
+def text_chunk(meta: CompletionMeta, text: str | None, finish_reason: str | None = None,
+               usage_: dict | None = None, engine: dict | None = None) -> dict:
+    """A streamed text_completion; ``text`` None makes the usage-only chunk, as `chunk` does for a chat."""
+    body = text_completion(meta, text, finish_reason, usage_, engine)
+    if text is None:
+        body["choices"] = []
+    return {k: v for k, v in body.items() if v is not None or k == "system_fingerprint"}
+
+
+def text_completion(meta: CompletionMeta, text: str | None, finish_reason: str | None, usage_: dict | None,
+                    engine: dict | None) -> dict:
+    """A text_completion (/v1/completions), shaped as `completion` is for a chat."""
+    return {"id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
+            "system_fingerprint": None,
+            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
+            "usage": usage_, "flash_dllm": engine}
+
+
 def completion(meta: CompletionMeta, text: str, finish_reason: str, usage_: dict, engine: dict) -> dict:
     """A chat.completion; ``engine`` (steps, forward passes, speed) rides along under ``flash_dllm``."""
     return {"id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,

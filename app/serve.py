@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     elif key:
         print("API key required: Authorization: Bearer <the key given>", flush=True)
     print(f"Serving {model_id(name, engine.folder)} ({info['device']}, {info['dtype']}, kernels: {info['kernels']}) at "
-          f"http://{shown_host}:{args.port}/v1  (POST /v1/chat/completions, GET /v1/models; Ctrl-C stops it)",
+          f"http://{shown_host}:{args.port}/v1  (POST /v1/chat/completions, POST /v1/completions, GET /v1/models; Ctrl-C stops it)",
           flush=True)
     return serve_forever(app, sock)
 

@@ -23,7 +23,7 @@ from flash_dllm.engine.scheduler import Scheduler
 from flash_dllm.engine.sequence import SequenceState
 from flash_dllm.engine.settings import (GenerationResult, GenerationSettings, SettingsError, check_fits,
                                        validate)
-from flash_dllm.engine.tokenizer import ChatTokenizer, load_tokenizer
+from flash_dllm.engine.tokenizer import ChatTokenizer, PromptError, load_tokenizer
 from flash_dllm.engine.weights import default_dtype, load_model
 from flash_dllm.kernels import BACKENDS, interpreting, resolve_backend, triton_available
 
@@ -189,7 +189,7 @@ class Engine:
         for prompt in prompts:
             if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
                 if not all(0 <= t < vocab for t in prompt):  # token ids given directly (benchmarks, tests)
-                    raise SettingsError(f"a prompt's token ids must lie in [0, {vocab})")
+                    raise PromptError(f"a prompt's token ids must lie in [0, {vocab})")
                 encoded.append(list(prompt))
             else:
                 encoded.append(self.tokenizer.encode(prompt, settings.use_chat_template))

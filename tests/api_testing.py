@@ -47,6 +47,16 @@ def served_app(folder: Path, home: Path, api: ApiConfig | None = None):
 
 
 @contextlib.contextmanager
+def served_tiny_llada(tmp_path_factory):
+    """`served_app` for a tiny random-weight LLaDA model written afresh (the API test modules' usual app)."""
+    from flash_dllm.engine.tiny import TinySpec, write_tiny_model
+
+    folder = write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llada", TinySpec("llada"))
+    with served_app(folder, tmp_path_factory.mktemp("home")) as served:
+        yield served
+
+
+@contextlib.contextmanager
 def served_api(host: ModelHost, config: ApiConfig):
     """The API alone (as `flash-dllm-chat serve` runs it) under uvicorn on a thread; yields its /v1 URL."""
     import uvicorn

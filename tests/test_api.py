@@ -8,12 +8,11 @@ import time
 
 import httpx
 import pytest
-from api_testing import SubmitSpy, error_of, openai_client, served_api, served_app
+from api_testing import SubmitSpy, error_of, openai_client, served_api, served_tiny_llada
 
 from flash_dllm.app.api import ApiConfig
 from flash_dllm.app.models import ModelHost, display_name
 from flash_dllm.engine import Engine, GenerationSettings, hub
-from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 
 openai = pytest.importorskip("openai")  # the dev extra; an image without it skips these tests
 
@@ -24,8 +23,7 @@ LONG = dict(max_tokens=384, extra_body={"method": "llada", "block_length": 64})
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    folder = write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llada", TinySpec("llada"))
-    with served_app(folder, tmp_path_factory.mktemp("home")) as served:
+    with served_tiny_llada(tmp_path_factory) as served:
         yield served
 
 

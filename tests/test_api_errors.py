@@ -8,19 +8,17 @@ import threading
 import time
 
 import pytest
-from api_testing import error_of, openai_client, post, served_app
+from api_testing import error_of, openai_client, post, served_tiny_llada
 
 from flash_dllm.app.models import ModelBusy, ModelHost
 from flash_dllm.engine import Engine
-from flash_dllm.engine.tiny import TinySpec, write_tiny_model
 
 openai = pytest.importorskip("openai")  # the dev extra; an image without it skips these tests
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    folder = write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llada", TinySpec("llada"))
-    with served_app(folder, tmp_path_factory.mktemp("home")) as served:
+    with served_tiny_llada(tmp_path_factory) as served:
         yield served
 
 
@@ -83,7 +81,7 @@ def test_bad_requests_get_openai_errors(app, name, request_, status, code, param
 def test_routes_methods_and_the_guard_answer_in_openai_shape(app):
     status, _, body = raw(app, "GET", "/v1/chat/completions")
     assert status == 405 and body["error"]["code"] == "method_not_allowed"
-    status, _, body = raw(app, "POST", "/v1/completions", b"{}")
+    status, _, body = raw(app, "POST", "/v1/embeddings", b"{}")
     assert status == 404 and body["error"]["code"] == "unknown_url" and "/v1/chat/completions" in body["error"]["message"]
     status, _, body = raw(app, "GET", "/v1/models", headers={"Host": "evil.example"})
     assert status == 421 and body["error"]["code"] == "host_not_allowed"  # DNS rebinding
