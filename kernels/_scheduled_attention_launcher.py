@@ -30,7 +30,7 @@ from ._occupancy import compiled_programs_per_sm
 from ._scheduled_attention_triton import COMBINE_ROWS, LOG2E, _attention_combine_kernel, _attention_split_kernel
 
 # Programs per SM the split count fills at most: two where the tuned config fits twice (Hopper, measured there),
-# fewer where the compiled kernel's occupancy says so (an RTX 3090's SM holds one of every candidate config)
+# fewer where the compiled kernel's occupancy says so (an RTX 3090's SM holds one of all but one candidate)
 WAVES = 2
 MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed cost (q load, partial store, combine) outweighs its keys
 INTERPRETER_SMS = 16  # a made-up machine, so the interpreter's default schedule splits small test problems too

@@ -14,11 +14,12 @@ RTX_3090, HOPPER = LIMITS_BY_CAPABILITY[(8, 6)], LIMITS_BY_CAPABILITY[(9, 0)]
 
 
 @pytest.mark.parametrize("shared, registers, warps, holds", [
+    (36864, 255, 4, 2),  # BLOCK_N 32, 2 stages: the candidate that fits twice (2 x 37 KB; 255 x 128 x 2 registers)
     (53248, 168, 4, 1),  # BLOCK_N 32, 3 stages: 2 x (52 + 1) KB > 100 KB
     (90112, 184, 4, 1),
     (98304, 255, 4, 1),  # BLOCK_N 128, 2 stages: the largest that fits at all
 ])
-def test_rtx_3090_holds_one_split_program_of_every_candidate(shared, registers, warps, holds):
+def test_rtx_3090_occupancy(shared, registers, warps, holds):
     assert programs_per_sm(shared, registers, warps, RTX_3090) == holds
 
 
