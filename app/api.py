@@ -2,9 +2,8 @@
 engine's requests.
 
 `build_api(host, config)` is a Starlette app: app/launch.py mounts it at /v1 beside the page, app/serve.py
-serves it alone (`flash-dllm-chat serve`). Each completion is one `Engine.submit` request; its events come from
-the engine's thread onto an asyncio queue (the callback only schedules a put) and app/openai_stream.py turns
-them into text. The API never assumes how the engine schedules requests (one at a time or batched).
+serves it alone (`flash-dllm-chat serve`). Each choice of a completion is an `Engine.submit` request
+(app/openai_call.py); app/openai_stream.py turns its events into text, app/openai_bodies.py into OpenAI's bodies.
 
 - One model per process: a request must name the loaded model (its id in /v1/models, the name it was loaded
   by, or for a bundled model a name the CLI takes for it: `bundled`, `tiny-chat`; `model_names`); another name
@@ -39,13 +38,11 @@ from starlette.routing import Route
 from flash_dllm.app.api_keys import BearerKey
 from flash_dllm.app.model_settings import methods_for
 from flash_dllm.app.models import Lease, ModelBusy, ModelHost, history_exchanges, model_id, model_names
-from flash_dllm.app.openai_request import (ApiError, ChatRequest, invalid, param_of, parse_chat_request,
-                                           parse_text_request)
-from flash_dllm.app.openai_stream import (KEEP_ALIVE, CommittedPrefix, CompletionMeta, TextStream, chat_piece,
-                                          chunk, completion, engine_numbers, returned_tokens, sse, step_numbers,
-                                          text_chunk, text_completion, text_meta, usage)
-from flash_dllm.engine import (CanvasStart, EngineError, GenerationSettings, PromptError, SettingsError, StepEvent,
-                               keep_last_exchanges, validate)
+from flash_dllm.app.openai_bodies import Choice, CompletionMeta, piece, response, usage
+from flash_dllm.app.openai_call import EngineCall, Outcome, choice_answers, choice_settings, one_line
+from flash_dllm.app.openai_request import ApiError, ChatRequest, invalid, parse_chat_request, parse_text_request
+from flash_dllm.app.openai_stream import KEEP_ALIVE, sse
+from flash_dllm.engine import GenerationSettings
 
 
 @dataclass
@@ -56,127 +53,6 @@ class ApiConfig:
     poll_s: float = 0.05  # how long a request's wait sleeps between looks at its engine request
     keep_alive_s: float = 10.0  # an SSE comment after this long without text (a closed connection then shows)
     defaults: GenerationSettings = field(default_factory=GenerationSettings)
-
-
-def one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
-
-
-@dataclass
-class Outcome:
-    """How a completion ended: the finish reason, the token counts and the engine's numbers."""
-
-    finish_reason: str  # "stop" (end token or stop string) | "length" (the answer filled max_tokens)
-    prompt_tokens: int
-    completion_tokens: int  # the returned text's tokens: a stop string's cut drops it and what follows
-    engine: dict
-
-
-class EngineCall:
-    """One engine request seen from the event loop: its events land on an asyncio queue."""
-
-    def __init__(self, lease: Lease, chat: ChatRequest, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.events: asyncio.Queue = asyncio.Queue()
-        self.kernels = lease.engine.kernels  # the engine's kernel backend, for the numbers of a cut answer
-        try:  # the request was parsed for the model loaded then: the leased one (a switch may be between) judges
-            validate(chat.settings, model_config=lease.engine.model.config)
-        except SettingsError as err:  # a method (or block length) this model cannot decode with
-            raise invalid(str(err), param_of(str(err), "max_tokens") or "method") from None
-        self.param = "prompt" if chat.messages is None else "messages"  # what a refused input came from
-        if chat.messages is None:  # a text completion: the prompt as given
-            self.window, self.left_out, prompt = None, 0, chat.prompt
-        else:
-            # A model trained on short chats only (the bundled one) reads the last few exchanges, as on the page;
-            # the response says so (history_headers), since a client sent the rest.
-            self.window = history_exchanges(lease.name)
-            prompt, self.left_out = keep_last_exchanges(chat.messages, self.window)
-        try:
-            self.request = lease.engine.submit(prompt, chat.settings, on_event=self._on_event)
-        except SettingsError as err:  # settings were validated already: what is left is the context check
-            raise invalid(str(err), self.param, "context_length_exceeded") from None
-        except (PromptError, ValueError) as err:  # a conversation the tokenizer cannot take
-            raise invalid(one_line(err), self.param) from None
-        except EngineError as err:  # the engine cannot take the request now
-            raise ApiError(503, one_line(err), "server_error", None, "engine_overloaded", {"Retry-After": "1"}) from None
-
-    def history_headers(self) -> dict[str, str]:
-        """What the model read of the conversation, for a model that reads only its last exchanges."""
-        if self.window is None:
-            return {}
-        return {"X-Flash-Dllm-History-Window": str(self.window), "X-Flash-Dllm-Messages-Left-Out": str(self.left_out)}
-
-    def numbers(self, outcome: Outcome) -> dict:
-        """The response's ``flash_dllm``: the engine's numbers, and what the model read of the conversation."""
-        if self.window is None:
-            return outcome.engine
-        return {**outcome.engine, "history_window": self.window, "messages_left_out": self.left_out}
-
-    def _on_event(self, event) -> None:
-        """On the engine's thread: schedule the put and return at once."""
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the loop is closed (the server stops): the request is cancelled with it
-            pass
-
-    async def next_event(self, timeout: float):
-        try:
-            return await asyncio.wait_for(self.events.get(), timeout)
-        except asyncio.TimeoutError:
-            return None
-
-    def close(self) -> None:
-        if not self.request.done:
-            self.request.cancel()
-
-    def result(self):
-        """The finished request's GenerationResult, or ApiError with what went wrong."""
-        try:
-            result = self.request.result(0)
-        except (SettingsError, PromptError) as err:
-            raise invalid(str(err), self.param) from None
-        except EngineError as err:
-            raise ApiError(500, one_line(err), "server_error", None, "engine_error") from None
-        except Exception as err:  # noqa: BLE001 - a bug in the engine: one line to the client, never a traceback
-            raise ApiError(500, f"{type(err).__name__}: {one_line(err)}", "server_error", None, "engine_error") from None
-        if result.finish_reason == "cancelled":
-            raise ApiError(503, "the server cancelled this request before it finished; try again", "server_error",
-                           None, "cancelled")
-        return result
-
-
-async def answer(call: EngineCall, chat: ChatRequest, decode, poll_s: float) -> AsyncIterator:
-    """The answer's new text as it commits (str; "" when nothing happened for ``poll_s``), then its Outcome.
-    A stop string cancels the engine request at once: the text before it is final, and its tokens are the
-    completion tokens (`returned_tokens`), streamed or not."""
-    prefix = CommittedPrefix(chat.settings.gen_length)
-    text = TextStream(chat.stop)
-    while not call.request.done or not call.events.empty():
-        event = await call.next_event(poll_s)
-        if event is None:
-            yield ""
-            continue
-        if isinstance(event, CanvasStart) and event.seq == 0:
-            prefix.end_tokens = frozenset(event.end_tokens)
-        if not isinstance(event, StepEvent) or event.seq != 0:
-            continue
-        if prefix.apply(event.committed, event.tokens, event.padding_from):
-            delta = text.update(decode(prefix.token_ids()))
-            if delta:
-                yield delta
-            if text.stopped:
-                call.close()
-                tokens = returned_tokens(prefix.token_ids(), text.sent, decode)
-                yield Outcome("stop", call.request.prompt_tokens, tokens,
-                              step_numbers(event, tokens, chat.settings.method, call.kernels))
-                return
-    result = call.result()
-    delta = text.update(result.text, final=True)
-    if delta:
-        yield delta
-    reason = "stop" if text.stopped or result.finish_reason == "eos" else "length"
-    tokens = returned_tokens(result.token_ids, text.sent, decode) if text.stopped else len(result.token_ids)
-    yield Outcome(reason, result.prompt_tokens or call.request.prompt_tokens, tokens, engine_numbers(result, tokens))
 
 
 class CancellingStream(StreamingResponse):
@@ -285,63 +161,68 @@ class ChatApi:
 
     async def serve(self, chat: ChatRequest, request: Request) -> Response:
         self._admit()
-        lease = call = None
+        lease, calls = None, []
         try:
             lease = self.lease_for(chat.model)
-            call = EngineCall(lease, chat, asyncio.get_running_loop())
-            self.host.label(call.request.id, "API")
+            loop = asyncio.get_running_loop()
+            for settings in choice_settings(chat):
+                calls.append(EngineCall(lease, chat, loop, settings))
+                self.host.label(calls[-1].request.id, "API")
         except BaseException:
+            for call in calls:
+                call.close()
             if lease is not None:
                 lease.release()
             self._leave()
             raise
         name = model_id(lease.name, lease.engine.folder)
-        meta = text_meta(name) if chat.messages is None else CompletionMeta(model=name)
+        meta = CompletionMeta.for_text(name) if chat.messages is None else CompletionMeta(name)
         decode = lease.engine.tokenizer.decode
         finished = threading.Event()
 
         def close() -> None:
             if not finished.is_set():
                 finished.set()
-                call.close()
+                for call in calls:
+                    call.close()
                 lease.release()
                 self._leave()
 
         if chat.stream:
-            return CancellingStream(self.stream(call, chat, meta, decode), close, call.history_headers())
+            return CancellingStream(self.stream(calls, chat, meta, decode), close, calls[0].history_headers())
         try:
-            return await self.complete(call, chat, meta, decode, request)
+            return await self.complete(calls, chat, meta, decode, request)
         finally:
             close()
 
-    async def complete(self, call, chat, meta, decode, request: Request) -> Response:
-        parts, outcome, checked = [], None, time.monotonic()
-        async for item in answer(call, chat, decode, self.config.poll_s):
+    async def complete(self, calls, chat, meta, decode, request: Request) -> Response:
+        parts, outcomes, checked = [[] for _ in range(chat.n)], [None] * chat.n, time.monotonic()
+        async for index, item in choice_answers(calls, chat, decode, self.config.poll_s):
             if isinstance(item, Outcome):
-                outcome = item
+                outcomes[index] = item
             elif item:
-                parts.append(item)
+                parts[index].append(item)
             if time.monotonic() - checked > 0.5:  # a client that went away stops its request
                 checked = time.monotonic()
                 if await request.is_disconnected():
-                    call.close()
-                    return Response(status_code=499)
-        wrap = text_completion if chat.messages is None else completion
-        return JSONResponse(wrap(meta, "".join(parts), outcome.finish_reason,
-                                 usage(outcome.prompt_tokens, outcome.completion_tokens), call.numbers(outcome)),
-                            headers=call.history_headers())
+                    return Response(status_code=499)  # the caller's close cancels the engine requests
+        choices = [Choice("".join(p), o.finish_reason) for p, o in zip(parts, outcomes)]
+        return JSONResponse(response(meta, choices, total_usage(outcomes), numbers(calls, outcomes)),
+                            headers=calls[0].history_headers())
 
-    async def stream(self, call, chat, meta, decode) -> AsyncIterator[bytes]:
-        piece = text_chunk if chat.messages is None else chat_piece
-        if chat.messages is not None:  # a chat stream opens with the assistant's role
-            yield sse(chunk(meta, {"role": "assistant", "content": ""}))
-        sent, outcome = time.monotonic(), None
+    async def stream(self, calls, chat, meta, decode) -> AsyncIterator[bytes]:
+        if not meta.text:  # each chat choice opens with the assistant's role
+            for index in range(chat.n):
+                yield sse(piece(meta, index, role=True))
+        sent, outcomes = time.monotonic(), [None] * chat.n
         try:
-            async for item in answer(call, chat, decode, self.config.poll_s):
+            async for index, item in choice_answers(calls, chat, decode, self.config.poll_s):
                 if isinstance(item, Outcome):
-                    outcome = item
+                    outcomes[index] = item
+                    if chat.n > 1 or chat.include_usage:  # else the usage rides on the one finishing chunk
+                        yield sse(piece(meta, index, "", item.finish_reason))
                 elif item:
-                    yield sse(piece(meta, item))
+                    yield sse(piece(meta, index, item))
                     sent = time.monotonic()
                 elif time.monotonic() - sent > self.config.keep_alive_s:
                     yield KEEP_ALIVE
@@ -349,15 +230,27 @@ class ChatApi:
         except ApiError as err:  # after the 200 is sent an error can only travel in the stream
             yield sse(err.body())
             return
-        counts, engine_fields = usage(outcome.prompt_tokens, outcome.completion_tokens), call.numbers(outcome)
-        # usage and the engine's numbers ride on the finishing chunk unless the client asked for OpenAI's
-        # separate usage chunk
-        if chat.include_usage:
-            yield sse(piece(meta, "", outcome.finish_reason))
-            yield sse(piece(meta, None, None, counts, engine_fields))
+        counts, engine_fields = total_usage(outcomes), numbers(calls, outcomes)
+        # usage and the engine's numbers ride on the last chunk: the one finishing chunk of a single choice, or
+        # OpenAI's separate usage chunk (asked for, or after several choices' finishing chunks)
+        if chat.n > 1 or chat.include_usage:
+            yield sse(piece(meta, None, usage_=counts, engine=engine_fields))
         else:
-            yield sse(piece(meta, "", outcome.finish_reason, counts, engine_fields))
+            yield sse(piece(meta, 0, "", outcomes[0].finish_reason, counts, engine_fields))
         yield sse("[DONE]")
+
+
+def total_usage(outcomes: list[Outcome]) -> dict:
+    """OpenAI's usage of n choices: the prompt once, every choice's completion tokens."""
+    return usage(outcomes[0].prompt_tokens, sum(o.completion_tokens for o in outcomes))
+
+
+def numbers(calls: list[EngineCall], outcomes: list[Outcome]) -> dict:
+    """``flash_dllm``: the first choice's numbers, and with several choices each one's under ``choices``."""
+    first = calls[0].numbers(outcomes[0])
+    if len(outcomes) == 1:
+        return first
+    return {**first, "choices": [calls[min(i, len(calls) - 1)].numbers(o) for i, o in enumerate(outcomes)]}
 
 
 # ---------------------------------------------------------------------------- errors and the app

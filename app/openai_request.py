@@ -13,9 +13,10 @@ Decisions a client should know (README, "OpenAI-compatible API"):
   model (LLaDA2) decodes in its own block size: ``max_tokens`` must be a multiple of it.
 - ``temperature`` defaults to 0 (greedy), the engine's default, not OpenAI's 1; with a temperature and no
   ``seed`` a random seed is drawn, so repeated sampled requests differ as they do with OpenAI.
-- OpenAI fields the engine cannot honour are refused when set to anything but their neutral value (``n`` 1,
-  penalties 0, no tools, no logprobs); unknown fields are refused by name (a misspelt engine knob would otherwise
-  be ignored silently). ``top_p`` filters method dream's sampling (Dream's published default is 0.95); with
+- ``n``: up to MAX_CHOICES choices (app/openai_call.py says how they are decoded).
+- OpenAI fields the engine cannot honour are refused when set to anything but their neutral value (penalties 0,
+  no tools, no logprobs); unknown fields are refused by name (a misspelt engine knob would otherwise be ignored
+  silently). ``top_p`` filters method dream's sampling (Dream's published default is 0.95); with
   another method only 1 passes, as the engine refuses a filter that method would ignore.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from flash_dllm.engine import GenerationSettings, SettingsError, block_length_for, validate
 
 MAX_STOP_STRINGS = 4  # as OpenAI
+MAX_CHOICES = 8  # n: choices of one request (each a request of the engine's batch when sampled)
 # The engine's own knobs, accepted as extra body fields, and OpenAI's top_p (a knob of method dream), with the
 # JSON type each must have.
 ENGINE_FIELDS = {"method": str, "threshold": float, "gamma": float, "block_length": int, "window": int,
@@ -34,16 +36,16 @@ ENGINE_FIELDS = {"method": str, "threshold": float, "gamma": float, "block_lengt
                  "acceptance": str, "cache_mode": str, "end_rule": str, "alg": str, "alg_temp": float, "top_k": int,
                  "top_p": float}
 # OpenAI fields the engine has no use for, accepted only at their neutral values (None is always neutral).
-NEUTRAL_VALUES = {"n": (1,), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+NEUTRAL_VALUES = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
                   "logit_bias": ({},), "logprobs": (False,), "top_logprobs": (0,), "tools": ([],),
                   "tool_choice": ("none",), "functions": ([],), "response_format": ({"type": "text"},)}
 IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier",
                   "prompt_cache_key", "reasoning_effort")
 OPENAI_FIELDS = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop",
-                 "stream", "stream_options")
+                 "stream", "stream_options", "n")
 # /v1/completions (a raw prompt, no chat template): its own fields, and the legacy ones it has no use for
-TEXT_FIELDS = ("model", "prompt", "max_tokens", "temperature", "seed", "stop", "stream", "stream_options")
-TEXT_NEUTRAL_VALUES = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (0,),
+TEXT_FIELDS = ("model", "prompt", "max_tokens", "temperature", "seed", "stop", "stream", "stream_options", "n")
+TEXT_NEUTRAL_VALUES = {"best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (0,),
                        "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},)}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -76,6 +78,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     prompt: str | list[int] | None = None  # a text completion's prompt: its text or its token ids
+    n: int = 1  # choices
 
 
 def neighbours(max_tokens: int, block_length: int) -> str:
@@ -235,7 +238,9 @@ def parse_chat_request(body, defaults: GenerationSettings = GenerationSettings()
     """The request as the engine takes it; ApiError (400) for the first field at fault. ``block_size``: the
     loaded model's, when it is a block-diffusion model (block_length defaults to it)."""
     model = check_body(body, OPENAI_FIELDS, NEUTRAL_VALUES)
-    return ChatRequest(model, parse_messages(body.get("messages")), *streamed_settings(body, defaults, block_size))
+    messages = parse_messages(body.get("messages"))
+    settings, stop, stream, include_usage, n = streamed_settings(body, defaults, block_size)
+    return ChatRequest(model, messages, settings, stop, stream, include_usage, n=n)
 
 
 def parse_text_request(body, defaults: GenerationSettings = GenerationSettings(),
@@ -243,8 +248,9 @@ def parse_text_request(body, defaults: GenerationSettings = GenerationSettings()
     """A /v1/completions request: one prompt, decoded as given (no chat template)."""
     model = check_body(body, TEXT_FIELDS, TEXT_NEUTRAL_VALUES)
     prompt = parse_prompt(body.get("prompt"))
-    settings, *rest = streamed_settings(body, defaults, block_size)
-    return ChatRequest(model, None, settings.with_overrides(use_chat_template=False), *rest, prompt=prompt)
+    settings, stop, stream, include_usage, n = streamed_settings(body, defaults, block_size)
+    return ChatRequest(model, None, settings.with_overrides(use_chat_template=False), stop, stream, include_usage,
+                       prompt, n)
 
 
 def check_body(body, fields, neutral) -> str:
@@ -274,7 +280,10 @@ def parse_prompt(prompt) -> str | list[int]:
 
 
 def streamed_settings(body: dict, defaults: GenerationSettings, block_size: int | None) -> tuple:
-    """(settings, stop strings, stream, include_usage) of a chat or text completion."""
+    """(settings, stop strings, stream, include_usage, n) of a chat or text completion."""
+    n = 1 if body.get("n") is None else typed("n", body["n"], int)
+    if not 1 <= n <= MAX_CHOICES:
+        raise invalid(f"n must be between 1 and {MAX_CHOICES} (got {n})", "n")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise invalid("stream must be true or false", "stream")
@@ -286,4 +295,4 @@ def streamed_settings(body: dict, defaults: GenerationSettings, block_size: int 
             raise invalid("stream_options must be an object such as {\"include_usage\": true}", "stream_options")
     stop = parse_stop(body.get("stop"))
     settings = build_settings(body, defaults, block_size)
-    return settings, stop, bool(stream), bool((options or {}).get("include_usage"))
+    return settings, stop, bool(stream), bool((options or {}).get("include_usage")), n

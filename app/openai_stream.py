@@ -15,8 +15,6 @@ up much of what follows it may be committed already, and none of that is the cli
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from dataclasses import dataclass, field
 
 from flash_dllm.engine import StepEvent, tokens_per_forward, tokens_per_second
@@ -115,76 +113,7 @@ def returned_tokens(ids: list[int], text: str, decode) -> int:
     return low
 
 
-# ---------------------------------------------------------------------------- response bodies
-@dataclass(frozen=True)
-class CompletionMeta:
-    """What every chunk and the response of one completion share."""
-
-    model: str
-    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
-    created: int = field(default_factory=lambda: int(time.time()))
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-def chunk(meta: CompletionMeta, delta: dict | None, finish_reason: str | None = None,
-          usage_: dict | None = None, engine: dict | None = None) -> dict:
-    """A chat.completion.chunk; ``delta`` None makes the usage-only chunk (no choices) OpenAI ends with;
-    ``engine`` (the engine's numbers, as a completion's ``flash_dllm``) rides on the chunk that carries usage."""
-    body = {"id": meta.id, "object": "chat.completion.chunk", "created": meta.created, "model": meta.model,
-            "system_fingerprint": None,
-            "choices": [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
-                                                  "finish_reason": finish_reason}]}
-    if usage_ is not None:
-        body["usage"] = usage_
-    if engine is not None:
-        body["flash_dllm"] = engine
-    return body
-
-
-def chat_piece(meta: CompletionMeta, text: str | None, finish_reason: str | None = None, usage_: dict | None = None,
-               engine: dict | None = None) -> dict:
-    """A chat chunk of new text ("": the finishing chunk's empty delta; None: the usage-only chunk), called as
-    `text_chunk` is for a text completion."""
-    delta = None if text is None else {"content": text} if text else {}
-    return chunk(meta, delta, finish_reason, usage_, engine)
-
-
-def text_meta(model: str) -> CompletionMeta:
-    """The meta of a text completion (/v1/completions): OpenAI numbers those "cmpl-"."""
-    return CompletionMeta(model, f"cmpl-{uuid.uuid4().hex[:24]}")
-
-
-def text_chunk(meta: CompletionMeta, text: str | None, finish_reason: str | None = None,
-               usage_: dict | None = None, engine: dict | None = None) -> dict:
-    """A streamed text_completion; ``text`` None makes the usage-only chunk, as `chunk` does for a chat."""
-    body = text_completion(meta, text, finish_reason, usage_, engine)
-    if text is None:
-        body["choices"] = []
-    return {k: v for k, v in body.items() if v is not None or k == "system_fingerprint"}
-
-
-def text_completion(meta: CompletionMeta, text: str | None, finish_reason: str | None, usage_: dict | None,
-                    engine: dict | None) -> dict:
-    """A text_completion (/v1/completions), shaped as `completion` is for a chat."""
-    return {"id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
-            "system_fingerprint": None,
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
-            "usage": usage_, "flash_dllm": engine}
-
-
-def completion(meta: CompletionMeta, text: str, finish_reason: str, usage_: dict, engine: dict) -> dict:
-    """A chat.completion; ``engine`` (steps, forward passes, speed) rides along under ``flash_dllm``."""
-    return {"id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
-            "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                         "logprobs": None, "finish_reason": finish_reason}],
-            "usage": usage_, "flash_dllm": engine}
-
-
+# ---------------------------------------------------------------------------- the engine's numbers
 def numbers(method: str, steps: int, forward_passes: int, per_forward: float, per_s: float, elapsed_s: float,
             kernels: str) -> dict:
     """The engine's numbers under ``flash_dllm``: one shape whether the engine finished or a stop string cut."""

@@ -49,7 +49,7 @@ CASES = [
     ("unknown method", dict(fields={"method": "beam-search"}), 400, "invalid_value", "method", "flash-cache"),
     ("threshold out of range", dict(fields={"threshold": 1.5}), 400, "invalid_value", "threshold", "(0, 1]"),
     ("misspelt knob", dict(fields={"treshold": 0.5}), 400, "unknown_parameter", "treshold", "treshold"),
-    ("n > 1", dict(fields={"n": 3}), 400, "unsupported_parameter", "n", "not supported"),
+    ("n over the limit", dict(fields={"n": 9}), 400, "invalid_value", "n", "n must be between 1 and 8 (got 9)"),
     ("block length that does not divide", dict(fields={"max_tokens": 30, "block_length": 16}), 400,
      "invalid_value", "max_tokens", "16 or 32"),
     ("prompt over the context", dict(json={"model": "MODEL", "messages": [{"role": "user", "content": "x" * 3000}]}),

@@ -156,7 +156,8 @@ def test_a_request_becomes_engine_settings():
     (dict(stop=[""]), "stop", "empty"),
     (dict(stream="yes"), "stream", "true or false"),
     (dict(stream_options={"include_usage": True}), "stream_options", "only allowed"),
-    (dict(n=2), "n", "not supported"),
+    (dict(n=0), "n", "n must be between 1 and 8"),
+    (dict(n=2.5), "n", "integer"),
     (dict(top_p=0.5), "top_p", "top p filters method dream's sampling only; method flash-cache"),
     (dict(top_k=4), "top_k", "top k filters method dream's"),
     (dict(method="dream", top_p=0), "top_p", "top p must be in (0, 1]"),
@@ -234,7 +235,7 @@ def pairs(ids: list[int]) -> str:
 def run_answer(call, stops=(), gen_length=5, decode=letters) -> list:
     import asyncio
 
-    from flash_dllm.app.api import answer
+    from flash_dllm.app.openai_call import answer
     from flash_dllm.app.openai_request import ChatRequest
 
     chat = ChatRequest("m", USER, GenerationSettings(gen_length=gen_length, block_length=gen_length), list(stops))
@@ -245,7 +246,7 @@ def run_answer(call, stops=(), gen_length=5, decode=letters) -> list:
 
 
 def test_the_answer_loop_sends_the_committed_prefix_only_in_order():
-    from flash_dllm.app.api import Outcome
+    from flash_dllm.app.openai_call import Outcome
 
     call = ScriptedCall([([2], None), ([0], None), ([1, 4], None), ([3], None)], [0, 1, 2, 3, 4], "abcde")
     items = [item for item in run_answer(call) if item != ""]
