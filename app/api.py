@@ -219,7 +219,7 @@ class ChatApi:
             async for index, item in choice_answers(calls, chat, decode, self.config.poll_s):
                 if isinstance(item, Outcome):
                     outcomes[index] = item
-                    if chat.n > 1 or chat.include_usage:  # else the usage rides on the one finishing chunk
+                    if chat.include_usage:  # else the finishing chunks wait: the last one carries the usage
                         yield sse(piece(meta, index, "", item.finish_reason))
                 elif item:
                     yield sse(piece(meta, index, item))
@@ -231,12 +231,14 @@ class ChatApi:
             yield sse(err.body())
             return
         counts, engine_fields = total_usage(outcomes), numbers(calls, outcomes)
-        # usage and the engine's numbers ride on the last chunk: the one finishing chunk of a single choice, or
-        # OpenAI's separate usage chunk (asked for, or after several choices' finishing chunks)
-        if chat.n > 1 or chat.include_usage:
+        # usage and the engine's numbers ride on OpenAI's separate usage chunk when the client asked for it, else
+        # on the last finishing chunk (so every chunk has a choice, as clients that never ask for usage expect)
+        if chat.include_usage:
             yield sse(piece(meta, None, usage_=counts, engine=engine_fields))
         else:
-            yield sse(piece(meta, 0, "", outcomes[0].finish_reason, counts, engine_fields))
+            for index in range(chat.n - 1):
+                yield sse(piece(meta, index, "", outcomes[index].finish_reason))
+            yield sse(piece(meta, chat.n - 1, "", outcomes[-1].finish_reason, counts, engine_fields))
         yield sse("[DONE]")
 
 

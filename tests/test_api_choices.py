@@ -57,7 +57,10 @@ def test_a_stream_of_choices_interleaves_them_by_index(app):
     assert lines[-1] == "data: [DONE]"
     data = [json.loads(line[6:]) for line in lines[:-1]]
     *chunks, last = data
-    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 64 and len(last["flash_dllm"]["choices"]) == 2
+    assert all(d["choices"] for d in data)  # no usage-only chunk unless asked for: usage rides on the last finish
+    assert last["choices"][0]["index"] == 1 and last["choices"][0]["finish_reason"] == "length"
+    assert last["usage"]["completion_tokens"] == 64 and len(last["flash_dllm"]["choices"]) == 2
+    chunks.append({**last, "usage": None})
     roles = [c["choices"][0]["index"] for c in chunks if c["choices"][0]["delta"].get("role")]
     assert roles == [0, 1]
     for index in (0, 1):
@@ -66,6 +69,15 @@ def test_a_stream_of_choices_interleaves_them_by_index(app):
                           temperature=0.9, seed=11 + index)
         assert "".join(c["delta"].get("content", "") for c in mine) == reference.text
         assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["length"]
+
+
+def test_asked_for_usage_a_stream_of_choices_ends_with_the_usage_chunk(app):
+    chunks = list(openai_client(app.base_url).chat.completions.create(
+        model=app.model, messages=[{"role": "user", "content": "usage"}], max_tokens=16, n=2, temperature=0.9,
+        seed=1, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 32
+    finishes = sorted(c.choices[0].index for c in chunks[:-1] if c.choices[0].finish_reason)
+    assert finishes == [0, 1] and all(c.usage is None for c in chunks[:-1])
 
 
 def test_text_completions_take_n_too(app):
