@@ -1,6 +1,6 @@
 """GPU benchmark of scheduled attention at Flash-Cache decode shapes: split-KV (auto split count) vs one split.
 
-Batch 1, 8 and 32; 128 query rows per sequence, the first 16 scored (attention mass on); 1,250..1,350 cached
+Batch 1, 8 and 32; 128 query rows per sequence (`--rows`), the first 16 scored (attention mass on); 1,250..1,350 cached
 keys per sequence (mean ~1,300) in 2,048-key slots of a static plan bounded at 1,352 keys (as the engine bounds
 it by the slot length); 5% of cache rows excluded; LLaDA-8B (32 query / 32 KV heads) and Dream-7B (28 / 4)
 geometry, head dim 128, bf16.
@@ -9,7 +9,7 @@ Timing: one CUDA graph holds `calls` back-to-back calls over rotating cache copi
 copies together exceed L2, so keys come from HBM as they would); 200 replays, each timed with CUDA events; the
 median replay time divided by `calls` is printed as microseconds per call. "one-split" pins n_splits=1, the
 (query tiles x heads) grid of the previous kernel; "auto" is the op's own choice; at batch 1 a sweep of
-forced split counts shows where the choice sits. `--mass both` times each shape with and without the
+forced split counts (`--splits` at any batch) shows where the choice sits. `--mass both` times each shape with and without the
 attention mass (the window logits' sum, added while the keys are walked), which is what the mass costs.
 Usage: python3 benchmarks/bench_attention.py [--csv PATH] [--block-m 64 ...]  (CUDA; TRITON_INTERPRET unset)
 """
@@ -38,20 +38,21 @@ class DecodeStep:
     excluded at random (0: no kv_keep, as in a flash-cache step)."""
 
     def __init__(self, model: str, n_seqs: int, block_m: int, copies: int, seed: int = 0, kv_len: int | None = None,
-                 excluded: float = 0.05, device: str = "cuda"):
+                 excluded: float = 0.05, device: str = "cuda", rows: int = ROWS_PER_SEQ):
         gen = torch.Generator().manual_seed(seed)
+        self.rows = rows
         self.n_heads, self.n_kv_heads = MODELS[model]
         width = self.n_kv_heads * HEAD_DIM
         self.kv_lens = ([kv_len] * n_seqs if kv_len is not None else
                         torch.randint(1250, 1351, (n_seqs,), generator=gen).tolist())
-        self.q = torch.randn(n_seqs * ROWS_PER_SEQ, self.n_heads * HEAD_DIM, device=device, dtype=torch.bfloat16)
+        self.q = torch.randn(n_seqs * rows, self.n_heads * HEAD_DIM, device=device, dtype=torch.bfloat16)
         self.caches = [(torch.randn(n_seqs * SLOT, width, device=device, dtype=torch.bfloat16),
                         torch.randn(n_seqs * SLOT, width, device=device, dtype=torch.bfloat16)) for _ in range(copies)]
         ints = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
         keep = (torch.rand(n_seqs * SLOT, generator=gen) > excluded).to(device, torch.int8) if excluded else None
-        score_query = (torch.arange(n_seqs * ROWS_PER_SEQ) % ROWS_PER_SEQ < SCORED_ROWS).to(device)
-        self.plan = static_plan(n_seqs, ROWS_PER_SEQ, block_m, max(MAX_KV, max(self.kv_lens)),
-                                ints([ROWS_PER_SEQ] * n_seqs), ints([b * SLOT for b in range(n_seqs)]),
+        score_query = (torch.arange(n_seqs * rows) % rows < SCORED_ROWS).to(device)
+        self.plan = static_plan(n_seqs, rows, block_m, max(MAX_KV, max(self.kv_lens)),
+                                ints([rows] * n_seqs), ints([b * SLOT for b in range(n_seqs)]),
                                 ints(self.kv_lens), device, kv_keep=keep, score_query=score_query)
         self.score = torch.zeros(n_seqs * SLOT, device=device)
 
@@ -60,7 +61,7 @@ class DecodeStep:
         return 2 * sum(self.kv_lens) * self.n_kv_heads * HEAD_DIM * 2
 
     def flops(self) -> int:
-        return 4 * HEAD_DIM * self.n_heads * ROWS_PER_SEQ * sum(self.kv_lens)
+        return 4 * HEAD_DIM * self.n_heads * self.rows * sum(self.kv_lens)
 
 
 def graph_us(calls, n_calls: int) -> float:
@@ -92,12 +93,13 @@ def rel_err_vs_reference(op: ScheduledAttention, step: DecodeStep) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def bench(model: str, n_seqs: int, block_m: int, l2_bytes: int, scored: bool) -> None:
-    probe = DecodeStep(model, n_seqs, block_m, copies=1)
+def bench(model: str, n_seqs: int, block_m: int, l2_bytes: int, scored: bool, rows: int = ROWS_PER_SEQ,
+          sweep: tuple[int, ...] = (), excluded: float = 0.05) -> None:
+    probe = DecodeStep(model, n_seqs, block_m, copies=1, rows=rows, excluded=excluded)
     copies = max(2, min(32, math.ceil(3 * l2_bytes / probe.bytes_read())))
     del probe
-    step = DecodeStep(model, n_seqs, block_m, copies)
-    shape = (f"B={n_seqs} rows={ROWS_PER_SEQ} kv~{sum(step.kv_lens) // n_seqs} bm={block_m} "
+    step = DecodeStep(model, n_seqs, block_m, copies, rows=rows, excluded=excluded)
+    shape = (f"B={n_seqs} rows={rows} kv~{sum(step.kv_lens) // n_seqs} bm={block_m} "
              f"{'mass on' if scored else 'mass off'}")
     print(f"\n{model} {shape} (graph of {copies} calls)", flush=True)
     auto = ScheduledAttention("triton", step.n_heads, step.n_kv_heads, HEAD_DIM)
@@ -105,8 +107,8 @@ def bench(model: str, n_seqs: int, block_m: int, l2_bytes: int, scored: bool) ->
     auto(step.q, *step.caches[0], step.plan, score)  # its first call settles the split count
     chosen = auto.key_splits(step.q, step.plan, score)
     variants = [("one-split", 1), (f"auto (n_splits={chosen})", None)]
-    if n_seqs == 1:
-        variants += [(f"forced n_splits={n}", n) for n in (2, 3, 4, 5, 6, 8) if n != chosen]
+    sweep = sweep or ((2, 3, 4, 5, 6, 8) if n_seqs == 1 else ())
+    variants += [(f"forced n_splits={n}", n) for n in sweep if n not in (chosen, 1)]
     baseline = None
     for name, n_splits in variants:
         op = auto if name.startswith("auto (") else ScheduledAttention(
@@ -130,6 +132,11 @@ def main() -> None:
     parser.add_argument("--mass", choices=("on", "off", "both"), default="on",
                         help="attention mass of the 16 scored rows (the step's tracked-token scores)")
     parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=list(MODELS))
+    parser.add_argument("--rows", type=int, default=ROWS_PER_SEQ, help="query rows per sequence (fast-dllm: 32)")
+    parser.add_argument("--splits", type=int, nargs="*", default=[],
+                        help="forced key-split counts to time beside auto (default: 2-8 at batch 1 only)")
+    parser.add_argument("--excluded", type=float, default=0.05,
+                        help="fraction of cache rows excluded (0: no kv_keep, as in a flash-cache or fast-dllm step)")
     args = parser.parse_args()
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") == "1":
         sys.exit("bench_attention.py needs a CUDA device and TRITON_INTERPRET unset")
@@ -141,7 +148,8 @@ def main() -> None:
         for n_seqs in args.batches:
             for block_m in args.block_m:
                 for scored in mass:
-                    bench(model, n_seqs, block_m, props.L2_cache_size, scored)
+                    bench(model, n_seqs, block_m, props.L2_cache_size, scored, args.rows, tuple(args.splits),
+                          args.excluded)
                 torch.cuda.empty_cache()
     if args.csv:
         from bench_kernels import device_env, write_rows_csv  # the project's one CSV writer

@@ -25,6 +25,9 @@ def main() -> None:
     parser.add_argument("--method", default="flash-cache")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=20, help="profiled steps")
+    parser.add_argument("--start", type=int, default=20,
+                        help="first profiled step (fast-dllm refreshes its cache at steps 0, 32, 64, ... with random "
+                             "weights: 33 keeps a 20-step window free of them)")
     parser.add_argument("--no-graphs", action="store_true")
     parser.add_argument("--trace", help="write the Chrome trace here")
     args = parser.parse_args()
@@ -32,7 +35,7 @@ def main() -> None:
     s = GenerationSettings(method=args.method, gen_length=512, block_length=32, seed=0, use_chat_template=False)
     prompts = random_prompts(engine, args.batch, 800, seed=1)
     engine.generate(prompts, s, cancel=_StepCancel(8))  # compile, tune, capture
-    start, stop = 20, 20 + args.steps
+    start, stop = args.start, args.start + args.steps
     holder: dict = {}
     cancel = threading.Event()
 

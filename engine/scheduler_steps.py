@@ -18,7 +18,7 @@ from flash_dllm.engine.metrics import tokens_per_forward, tokens_per_second
 from flash_dllm.engine.packing import Layout, groups_for
 from flash_dllm.engine.scheduler import Occupant, initial_row
 from flash_dllm.engine.settings import GenerationResult
-from flash_dllm.engine.decode_loop import check_progress
+from flash_dllm.engine.decode_loop import DecodeStalled, check_progress
 from flash_dllm.engine.step_records import HostRecord, step_events
 
 MAX_ROWS = 4096  # query rows per eager forward
@@ -41,6 +41,7 @@ class BatchRun:
         self.spare = canvas.n_slots - 1
         self.step_index = 0
         self.in_flight: list[int] = []
+        self.unrouted: list[tuple[HostRecord, HostRecord, int]] = []  # (previous, record, step) read, not yet routed
         self.last_event = None
 
     def loop(self) -> None:
@@ -60,9 +61,14 @@ class BatchRun:
                 session.launch(self._layouts(full))
                 session.records.copy_out(self.step_index)
                 self.in_flight.append(self.step_index)
+                self._route_read()  # records read before this launch: the step in flight covers this host work
                 keep = 0 if session.status_driven else session.lag
                 while len(self.in_flight) > keep:
                     self._read(self.in_flight.pop(0), started)
+                # read at once (lag 0): route after the next launch (DecodeSession.defer_events), unless no slot
+                # goes on, when the finished requests must leave before the loop asks whether any remain
+                if not (session.defer_events and keep == 0) or not bool(self.previous.active.any()):
+                    self._route_read()
                 self.step_index += 1
             if session.stream is not None:
                 session.stream.synchronize()
@@ -111,17 +117,28 @@ class BatchRun:
                 gen = occupant.request.settings.gen_length
                 self.previous.answer[slot] = initial_row(self.previous.answer[slot], gen, self.session.canvas.eos_id)
                 self.previous.end[slot] = occupant.request.settings.gen_length
-        now = time.perf_counter()
-        for event in step_events(self.previous, record, self.scheduler.engine.tokenizer.piece, 0.0):
-            occupant = occupants.get(event.seq)
-            if occupant is None or index < occupant.admitted_step:
-                continue
-            event.seq, event.elapsed_s = 0, now - occupant.started
-            occupant.request.emit(event)
-        for slot in [s for s, o in occupants.items() if index >= o.admitted_step and not bool(record.active[s])]:
-            self._finish(slot, record, now)
+        self.unrouted.append((self.previous, record, index))
         self.previous = record
-        check_progress(record)  # raises: the scheduler ends the requests in flight with the error
+        try:
+            check_progress(record)  # raises: the scheduler ends the requests in flight with the error
+        except DecodeStalled:
+            self._route_read()
+            raise
+
+    def _route_read(self) -> None:
+        """Each read record's events to its requests, in step order; a request whose sequence ended is answered."""
+        occupants = self.scheduler.occupants
+        for previous, record, index in self.unrouted:
+            now = time.perf_counter()
+            for event in step_events(previous, record, self.scheduler.engine.tokenizer.piece, 0.0):
+                occupant = occupants.get(event.seq)
+                if occupant is None or index < occupant.admitted_step:
+                    continue
+                event.seq, event.elapsed_s = 0, now - occupant.started
+                occupant.request.emit(event)
+            for slot in [s for s, o in occupants.items() if index >= o.admitted_step and not bool(record.active[s])]:
+                self._finish(slot, record, now)
+        self.unrouted.clear()
 
     def _finish(self, slot: int, record: HostRecord, now: float) -> None:
         occupant = self.scheduler.occupants[slot]

@@ -30,16 +30,19 @@ def graph_and_eager(engine, prompts, s):
     return outcomes
 
 
-def compare_to_reference(engine, s, prompts, lag: int | None = None, events_match=None):
+def compare_to_reference(engine, s, prompts, lag: int | None = None, events_match=None, defer: bool = False):
     """Generate with the device decoder and with the host reference (engine/host_reference.py); assert the same
     answers, counts and finish reasons, and the same step events (``events_match(device, reference)``, default
     equality). ``lag``: build this shape's session first, then keep its host that many steps ahead of its
-    reads. Returns (results, reference states)."""
+    reads. ``defer``: likewise, then build a record's events after the next launch, as on a GPU (for a method
+    that reads each record at once). Returns (results, reference states)."""
     from flash_dllm.engine.host_reference import run_reference
 
-    if lag is not None:
+    if lag is not None or defer:
         engine.generate(prompts, s)
-        engine._decode[1].lag = lag
+        if lag is not None:
+            engine._decode[1].lag = lag
+        engine._decode[1].defer_events = defer
     device_events, reference_events = [], []
     results = engine.generate(prompts, s, on_event=device_events.append)
     states = engine.new_states(prompts, s)

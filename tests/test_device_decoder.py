@@ -82,9 +82,9 @@ def settings(**changes) -> GenerationSettings:
     return base.with_overrides(**changes)
 
 
-def compare(engine: Engine, s: GenerationSettings, prompts=PROMPTS, lag: int | None = None):
+def compare(engine: Engine, s: GenerationSettings, prompts=PROMPTS, lag: int | None = None, defer: bool = False):
     """Generate with the device decoder and the host reference; assert the same outcome and events."""
-    return compare_to_reference(engine, s, prompts, lag)[0]
+    return compare_to_reference(engine, s, prompts, lag, defer=defer)[0]
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -113,6 +113,29 @@ def test_pipelined_loop_reads_late_and_finished_sequences_commit_nothing(ending_
     """With the host two steps ahead of its reads (as on a GPU, where it is one), steps launched after a
     sequence finished must change nothing: same tokens, counters and events."""
     compare(ending_engine, settings(**VARIANTS[variant]), lag=2)
+
+
+@pytest.mark.parametrize("variant", ["fast-dllm-dual", "fast-dllm-prefix"])
+def test_events_built_after_the_next_launch_equal_the_reference(ending_engine, variant):
+    """On a GPU a method that reads each record at once (fast-dllm: the next step's layout follows it) builds
+    the record's events only after it has launched the next step; the events, tokens and counters stay the
+    reference's, and each step's events reach the caller only once the step after it was launched."""
+    s = settings(**VARIANTS[variant])
+    ending_engine.generate(PROMPTS, s)
+    session = ending_engine._decode[1]
+    launches, seen = [], []
+    launch = session.launch
+    session.launch = lambda layouts: launches.append(len(launches)) or launch(layouts)
+    try:
+        results = compare(ending_engine, s, defer=True)
+        launches.clear()
+        ending_engine.generate(PROMPTS, s, on_event=lambda e: seen.append((e.step, len(launches)))
+                               if getattr(e, "kind", "") == "step" else None)
+    finally:
+        session.launch = launch
+    assert any(r.finish_reason == "eos" for r in results)
+    last = max(step for step, _ in seen)  # step k's events follow launch k + 1 (k counts from 0), the last's its own
+    assert all(n >= k + 2 for k, n in seen if k < last) and all(n == k + 1 for k, n in seen if k == last)
 
 
 def test_prompt_alone_samples_what_it_samples_first_in_a_batch(engine):

@@ -61,6 +61,43 @@ def test_concurrent_requests_get_their_solo_answers_and_events(engine, variant):
     assert [events for _, events in got] == [events for _, events in expected]
 
 
+@pytest.mark.parametrize("defer", [True, False])
+def test_fast_dllm_requests_routed_after_the_next_launch_get_their_solo_answers(engine, monkeypatch, defer):
+    """As on a GPU (DecodeSession.defer_events), fast-dllm's records, read at once, reach their requests only
+    after the next step is launched (and finished requests leave then, or at once when no sequence goes on, so no
+    step is launched for nothing); answers and events stay the solo ones."""
+    from flash_dllm.engine import decode_loop, scheduler_steps
+
+    jobs = [(p, settings(method="fast-dllm", gen_length=16 + 8 * (i % 3))) for i, p in enumerate(PROMPTS[:6])]
+    expected = [solo(engine, p, s) for p, s in jobs]
+    init, launch, route = (decode_loop.DecodeSession.__init__, decode_loop.DecodeSession.launch,
+                           scheduler_steps.BatchRun._route_read)
+    seen = {"launched": False, "deferred": 0, "idle_launches": 0}
+
+    def init_deferring(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.defer_events = defer
+
+    def counting_launch(self, layouts):
+        seen["launched"] = True
+        seen["idle_launches"] += not bool(self.canvas.active.any())  # a step no sequence needs
+        return launch(self, layouts)
+
+    def counting_route(self):
+        seen["deferred"] += bool(seen["launched"] and self.unrouted)
+        seen["launched"] = False
+        route(self)
+
+    monkeypatch.setattr(decode_loop.DecodeSession, "__init__", init_deferring)
+    monkeypatch.setattr(decode_loop.DecodeSession, "launch", counting_launch)
+    monkeypatch.setattr(scheduler_steps.BatchRun, "_route_read", counting_route)
+    got = submit_all(engine, jobs, gap_s=0.003)
+    assert [r.token_ids for r, _ in got] == [r.token_ids for r, _ in expected]
+    assert [r.finish_reason for r, _ in got] == [r.finish_reason for r, _ in expected]
+    assert [events for _, events in got] == [events for _, events in expected]
+    assert (seen["deferred"] > 0) == defer and seen["idle_launches"] == 0
+
+
 def test_per_sequence_settings_mix_in_one_batch(engine):
     """Answer length, threshold, gamma, temperature and seed differ per request and still share steps."""
     mixes = [dict(gen_length=16), dict(threshold=0.3), dict(gen_length=48, threshold=0.95),
