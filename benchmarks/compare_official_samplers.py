@@ -30,7 +30,7 @@ from flash_dllm.engine.host_reference import run_reference
 from flash_dllm.engine.model import forward_hidden, lm_logits, mlp, rms_norm
 from flash_dllm.engine.settings import GenerationSettings
 from flash_dllm.engine.tiny import TinySpec, write_tiny_model
-from flash_dllm.kernels.fused_qkv_rope_cache import rope_rotate_half
+from flash_dllm.kernels.rope_cache_write import rope_rotate_half
 
 
 def cached_forward(model, ids, qpos, cache=None):

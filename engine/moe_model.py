@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from flash_dllm.engine.config import ModelConfig, MoEConfig
-from flash_dllm.kernels.fused_qkv_rope_cache import rope_rotate_half
+from flash_dllm.kernels.rope_cache_write import rope_rotate_half
 from flash_dllm.kernels.moe_experts import moe_experts_reference
 
 

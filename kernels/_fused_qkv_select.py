@@ -1,7 +1,8 @@
 """Which fused QKV kernel runs, decided once per problem, and the launchers that make a later call only launch.
 
 Paths: "pointer" (any CUDA GPU, and the interpreter), "tma" and "streamk" (compute capability >= 9, head dim
-128, TMA-compatible x / w_qkv; the interpreter runs them too). A request is "auto" or one path; it comes from
+128, TMA-compatible x / w_qkv; the interpreter runs them too), and "cublas" (the vendor GEMM, then RoPE and the
+cache write in a small kernel: _fused_qkv_cublas.py; anywhere). A request is "auto" or one path; it comes from
 FLASH_DLLM_FUSED_QKV_PATH, read once when an op is built, unless `forced_fused_qkv` (tests, benchmarks) names
 a path.
 
@@ -34,8 +35,10 @@ import torch
 from triton.compiler.errors import CompilationError
 
 from . import gpu_time_ms, interpreting
-from . import _fused_qkv_common, _fused_qkv_pointer, _fused_qkv_streamk, _fused_qkv_tma
+from . import _fused_qkv_common, _fused_qkv_cublas, _fused_qkv_pointer, _fused_qkv_streamk, _fused_qkv_tma
+from . import _rope_cache_write_triton
 from ._fused_qkv_common import COUNTERS, TMA_HEAD_DIM, FusedQKVCounters, FusedQKVProblem, m_bucket, tma_available
+from ._fused_qkv_cublas import CublasLauncher
 from ._fused_qkv_pointer import PointerLauncher
 from ._fused_qkv_streamk import StreamKLauncher
 from ._fused_qkv_tma import TMALauncher
@@ -43,13 +46,15 @@ from ._tuning_store import (DOES_NOT_FIT, TuningStore, default_store, device_des
                             source_digest)
 
 PATH_ENV = "FLASH_DLLM_FUSED_QKV_PATH"
-PATHS = ("auto", "pointer", "tma", "streamk")
-KERNEL_PATHS = ("pointer", "tma", "streamk")  # what auto measures on Hopper
+PATHS = ("auto", "pointer", "tma", "streamk", "cublas")
+KERNEL_PATHS = ("pointer", "tma", "streamk", "cublas")  # what auto measures on Hopper
+OTHER_GPU_PATHS = ("pointer", "cublas")  # what auto measures on any other CUDA GPU
 TMA_PATHS = ("tma", "streamk")  # both read x and w_qkv through tensor descriptors
 # x buffers whose launchers an op keeps: TMA descriptors hold their tensor, so an eager caller that passes a
 # fresh x each call keeps at most this many alive (the engine's preallocated buffers need one per bucket).
 MAX_X_BUFFERS = 8
-_CONFIG_MODULES = {"pointer": _fused_qkv_pointer, "tma": _fused_qkv_tma, "streamk": _fused_qkv_streamk}
+_CONFIG_MODULES = {"pointer": _fused_qkv_pointer, "tma": _fused_qkv_tma, "streamk": _fused_qkv_streamk,
+                   "cublas": _fused_qkv_cublas}
 
 
 def read_path_request(environ=os.environ) -> str:
@@ -89,14 +94,15 @@ def fused_qkv_paths(request: str, x: torch.Tensor, w_qkv: torch.Tensor, head_dim
                     interpreter: bool | None = None, auto_paths: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """The kernel paths a request may run on these inputs: one path, or the candidates auto measures.
 
-      pointer         ("pointer",)
+      pointer, cublas ("pointer",), ("cublas",)
       tma / streamk   that path; ValueError saying why if it cannot run
-      auto            all three on a CUDA device of compute capability >= 9, fp16/bf16, head dim 128 and
-                      TMA-compatible x / w_qkv; ("pointer",) otherwise (always under the interpreter).
-                      auto_paths (forced_fused_qkv) replaces the three, less the TMA paths TMA cannot run.
+      auto            all four on a CUDA device of compute capability >= 9, fp16/bf16, head dim 128 and
+                      TMA-compatible x / w_qkv; pointer and cublas on any other CUDA device with fp16/bf16;
+                      ("pointer",) otherwise (always under the interpreter, where nothing can be timed).
+                      auto_paths (forced_fused_qkv) replaces the four, less the TMA paths TMA cannot run.
     """
-    if request == "pointer":
-        return ("pointer",)
+    if request in ("pointer", "cublas"):
+        return (request,)
     interpreter = interpreting() if interpreter is None else interpreter
     blocker = tma_blocker(x, w_qkv, head_dim, interpreter)
     if request in TMA_PATHS:
@@ -106,10 +112,10 @@ def fused_qkv_paths(request: str, x: torch.Tensor, w_qkv: torch.Tensor, head_dim
     if request != "auto":
         raise ValueError(f"unknown fused QKV kernel path {request!r}; choose one of: {', '.join(PATHS)}")
     if auto_paths is not None:
-        return tuple(path for path in auto_paths if path == "pointer" or blocker is None)
-    if blocker is None and not interpreter and x.dtype in (torch.float16, torch.bfloat16):
-        return KERNEL_PATHS
-    return ("pointer",)
+        return tuple(path for path in auto_paths if path not in TMA_PATHS or blocker is None)
+    if interpreter or not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16):
+        return ("pointer",)
+    return KERNEL_PATHS if blocker is None else OTHER_GPU_PATHS
 
 
 @dataclass(frozen=True)
@@ -126,12 +132,14 @@ class FusedQKVForcing:
     pointer_configs: tuple | None = None  # the tuner's candidates of each path
     tma_configs: tuple | None = None
     streamk_configs: tuple | None = None
+    cublas_configs: tuple | None = None
     auto_paths: tuple[str, ...] | None = None  # what auto measures (default: fused_qkv_paths)
     measure: Callable | None = None  # measure(fn) -> ms; default gpu_time_ms (none under the interpreter)
     store: TuningStore | None = None  # where timed choices persist; default: on disk unless anything is forced
 
     def configs(self, path: str) -> tuple | None:
-        return {"pointer": self.pointer_configs, "tma": self.tma_configs, "streamk": self.streamk_configs}[path]
+        return {"pointer": self.pointer_configs, "tma": self.tma_configs, "streamk": self.streamk_configs,
+                "cublas": self.cublas_configs}[path]
 
 
 _NOT_FORCED = FusedQKVForcing()
@@ -146,7 +154,8 @@ def current_fused_qkv_forcing() -> FusedQKVForcing:
 
 @contextlib.contextmanager
 def forced_fused_qkv(path: str | None = None, *, pointer_configs=None, tma_configs=None, streamk_configs=None,
-                     auto_paths=None, measure: Callable | None = None, store: TuningStore | None = None):
+                     cublas_configs=None, auto_paths=None, measure: Callable | None = None,
+                     store: TuningStore | None = None):
     """Inside the block every fused QKV op runs `path` (if given) with these candidate configs (if given);
     the previous forcing is back on exit, an exception's too. Process-wide (not per thread); a nested block
     replaces the outer one whole. Choices made under a forcing serve only an equal forcing, and ops rebind
@@ -155,8 +164,9 @@ def forced_fused_qkv(path: str | None = None, *, pointer_configs=None, tma_confi
     if path is not None and path not in PATHS:
         raise ValueError(f"unknown fused QKV kernel path {path!r}; choose one of: {', '.join(PATHS)}")
     as_tuple = (lambda configs: None if configs is None else tuple(configs))
-    forcing = FusedQKVForcing(path, as_tuple(pointer_configs), as_tuple(tma_configs), as_tuple(streamk_configs),
-                              as_tuple(auto_paths), measure, store)
+    forcing = FusedQKVForcing(path, pointer_configs=as_tuple(pointer_configs), tma_configs=as_tuple(tma_configs),
+                              streamk_configs=as_tuple(streamk_configs), cublas_configs=as_tuple(cublas_configs),
+                              auto_paths=as_tuple(auto_paths), measure=measure, store=store)
     previous, _forcing = _forcing, forcing
     try:
         yield forcing
@@ -186,6 +196,8 @@ def _build_launcher(path: str, config, problem: FusedQKVProblem, x, w_qkv):
         return PointerLauncher(config, problem)
     if path == "tma":
         return TMALauncher(config, problem, x, w_qkv)
+    if path == "cublas":
+        return CublasLauncher(config, problem)
     return StreamKLauncher(config, problem, x, w_qkv)
 
 
@@ -262,7 +274,7 @@ def _store(forcing: FusedQKVForcing) -> TuningStore | None:
 
 def _store_key(key: tuple, candidates: dict) -> list[str]:
     device, *problem = key
-    sources = [module.__file__ for module in (_fused_qkv_common, *_CONFIG_MODULES.values())]
+    sources = [module.__file__ for module in (_fused_qkv_common, _rope_cache_write_triton, *_CONFIG_MODULES.values())]
     return [device_description(device), source_digest(*sources), repr(tuple(problem)),
             *(f"{path}: {configs!r}" for path, configs in candidates.items())]
 

@@ -35,20 +35,13 @@ import os
 import torch
 import torch.nn.functional as F
 
+from .rope_cache_write import rope_cache_write_reference
+
 CHECK_ENV = "FLASH_DLLM_CHECK_KERNELS"  # "1": ops built from then on check their inputs on every call
 # The selection's public surface, imported from _fused_qkv_select (and triton) on first use.
 _SELECT_EXPORTS = ("PATH_ENV", "PATHS", "KERNEL_PATHS", "FusedQKVChoice", "FusedQKVForcing", "forced_fused_qkv",
                    "current_fused_qkv_forcing", "fused_qkv_choice", "fused_qkv_problem_key", "fused_qkv_counters",
                    "fused_qkv_paths", "read_path_request", "tma_blocker", "TuningStore")
-
-
-def rope_rotate_half(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Apply rotate-half RoPE in fp32. h: [N, H, Dh]; cos/sin: [N, Dh/2] fp32. Returns fp32."""
-    h = h.float()
-    half = h.shape[-1] // 2
-    h1, h2 = h[..., :half], h[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat([h1 * c - h2 * s, h2 * c + h1 * s], dim=-1)
 
 
 def fused_qkv_rope_cache_reference(
@@ -66,18 +59,8 @@ def fused_qkv_rope_cache_reference(
 ) -> torch.Tensor:
     """The unfused path a careful engineer writes in torch: one matmul on the stacked weight (fp32
     accumulation inside the BLAS), RoPE from precomputed tables in fp32, `index_copy_` into the cache."""
-    n_tokens = x.shape[0]
-    head_dim = w_qkv.shape[0] // (n_heads + 2 * n_kv_heads)
-    qkv = F.linear(x, w_qkv, b_qkv)
-    q, k, v = qkv.split([n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim], dim=-1)
-    pos = positions.long()
-    c, s = cos.index_select(0, pos), sin.index_select(0, pos)
-    q = rope_rotate_half(q.reshape(n_tokens, n_heads, head_dim), c, s).to(x.dtype)
-    k = rope_rotate_half(k.reshape(n_tokens, n_kv_heads, head_dim), c, s)
-    rows = cache_rows.long()
-    k_cache.index_copy_(0, rows, k.reshape(n_tokens, -1).to(k_cache.dtype))
-    v_cache.index_copy_(0, rows, v.to(v_cache.dtype))
-    return q.reshape(n_tokens, n_heads * head_dim)
+    return rope_cache_write_reference(F.linear(x, w_qkv, b_qkv), cos, sin, positions, cache_rows, k_cache, v_cache,
+                                      n_heads, n_kv_heads)
 
 
 def check_fused_qkv_inputs(x, w_qkv, b_qkv, cos, sin, positions, cache_rows, k_cache, v_cache, n_heads: int,

@@ -231,12 +231,12 @@ def test_tuning_times_each_candidate_once_and_keeps_the_fastest():
 
 @needs_tma
 def test_auto_measures_each_path_once_and_keeps_the_fastest():
-    """auto over the three paths (one config each), timed (faked) 3, 2, 1 ms in that order: stream-K is bound,
-    and the result is exact; the next call measures nothing."""
+    """auto over the four paths (one config each), timed (faked) 3, 2, 1, 4 ms in that order: stream-K is
+    bound, and the result is exact; the next call measures nothing."""
     configs = {"pointer_configs": [pointer_module.INTERPRETER_CONFIG],
                "tma_configs": [tma_module.INTERPRETER_CONFIGS["wide1"]],
                "streamk_configs": [streamk_module.INTERPRETER_CONFIGS["one_head"]]}
-    measure = fake_timer([3.0, 2.0, 1.0])
+    measure = fake_timer([3.0, 2.0, 1.0, 4.0])
     layer = Layer(4, 2, head_dim=128, d_model=96, bias=True, dtype=torch.float32)
     x, positions, cache_rows = tokens(17, 96, torch.float32, n_cache_rows=40)
     op = FusedQKVRopeCache("triton", 4, 2)
@@ -246,6 +246,20 @@ def test_auto_measures_each_path_once_and_keeps_the_fastest():
         assert fused_qkv_choice(fused_qkv_problem_key(x, layer.w, True, 4)) == FusedQKVChoice(
             "streamk", streamk_module.INTERPRETER_CONFIGS["one_head"])
         assert op.bound_choice(x, layer.w, layer.b).path == "streamk"
+
+
+def test_auto_keeps_the_vendor_gemm_when_it_is_fastest():
+    """The cublas path (F.linear, then RoPE and the cache write) timed fastest (faked 3, 1 ms after the pointer
+    kernel) is bound, and its outputs match the reference."""
+    measure = fake_timer([3.0, 1.0])
+    layer = Layer(4, 2, head_dim=16, d_model=64, bias=True, dtype=torch.float32)
+    x, positions, cache_rows = tokens(11, 64, torch.float32, n_cache_rows=30)
+    op = FusedQKVRopeCache("triton", 4, 2)
+    with forced_fused_qkv(auto_paths=("pointer", "cublas"), measure=measure,
+                          pointer_configs=[pointer_module.INTERPRETER_CONFIG]):
+        for _ in range(2):
+            compare(layer, x, positions, cache_rows, 30, fill=float("nan"), run=lambda *args: layer.call(op, *args))
+        assert op.bound_choice(x, layer.w, layer.b).path == "cublas"
 
 
 def test_check_inputs_names_what_is_wrong(monkeypatch):
@@ -296,8 +310,8 @@ def test_forced_fused_qkv_restores_the_previous_forcing_even_after_an_exception(
     layer.call(op, x, positions, cache_rows, k_cache, v_cache)
     bound = op.bound_choice(x, layer.w, layer.b)
     assert bound.path == "pointer" and bound.config != pinned
-    with pytest.raises(ValueError, match="unknown fused QKV kernel path 'cublas'"):
-        with forced_fused_qkv(path="cublas"):
+    with pytest.raises(ValueError, match="unknown fused QKV kernel path 'cutlass'"):
+        with forced_fused_qkv(path="cutlass"):
             pass
     assert current_fused_qkv_forcing() is outside
 
@@ -469,18 +483,20 @@ def test_path_requests_and_what_each_may_run():
     x = torch.zeros(5, 64)
     assert read_path_request({}) == read_path_request({PATH_ENV: " "}) == "auto"
     assert read_path_request({PATH_ENV: " TMA "}) == "tma"
-    with pytest.raises(ValueError, match=f"{PATH_ENV}='cublas'.*auto, pointer, tma, streamk"):
-        read_path_request({PATH_ENV: "cublas"})
-    for interpreter in (True, False):
+    assert read_path_request({PATH_ENV: "cuBLAS"}) == "cublas"
+    with pytest.raises(ValueError, match=f"{PATH_ENV}='cutlass'.*auto, pointer, tma, streamk, cublas"):
+        read_path_request({PATH_ENV: "cutlass"})
+    for interpreter in (True, False):  # nothing to time with on CPU tensors: auto runs the pointer kernel
         assert fused_qkv_paths("auto", x, w, 128, interpreter) == ("pointer",)
         assert fused_qkv_paths("pointer", x, w, 128, interpreter) == ("pointer",)
+        assert fused_qkv_paths("cublas", x, w, 128, interpreter) == ("cublas",)
     if not tma_available():
         return
     assert fused_qkv_paths("tma", x, w, 128, interpreter=True) == ("tma",)  # the interpreter runs descriptors
     assert fused_qkv_paths("streamk", x, w, 128, interpreter=True) == ("streamk",)
     assert fused_qkv_paths("auto", x, w, 128, True, auto_paths=KERNEL_PATHS) == KERNEL_PATHS
     narrow = torch.zeros(6 * 64, 64)
-    assert fused_qkv_paths("auto", x, narrow, 64, True, auto_paths=KERNEL_PATHS) == ("pointer",)
+    assert fused_qkv_paths("auto", x, narrow, 64, True, auto_paths=KERNEL_PATHS) == ("pointer", "cublas")
     with pytest.raises(ValueError, match="head dim 128"):
         fused_qkv_paths("tma", x, narrow, 64, interpreter=True)
     with pytest.raises(ValueError, match="contiguous"):

@@ -59,12 +59,14 @@ def fused_qkv_paths_on(capability: int) -> tuple[str, ...]:
 
 
 def compile_fused_qkv(log, capability: int) -> None:
-    from flash_dllm.kernels import _fused_qkv_pointer, _fused_qkv_streamk, _fused_qkv_tma
+    from flash_dllm.kernels import _fused_qkv_cublas, _fused_qkv_pointer, _fused_qkv_streamk, _fused_qkv_tma
     from flash_dllm.kernels._fused_qkv_common import FusedQKVProblem, m_bucket
 
-    modules = {"pointer": _fused_qkv_pointer, "tma": _fused_qkv_tma, "streamk": _fused_qkv_streamk}
+    modules = {"pointer": _fused_qkv_pointer, "tma": _fused_qkv_tma, "streamk": _fused_qkv_streamk,
+               "cublas": _fused_qkv_cublas}
     launchers = {"pointer": lambda config, problem, x, w: _fused_qkv_pointer.PointerLauncher(config, problem),
-                 "tma": _fused_qkv_tma.TMALauncher, "streamk": _fused_qkv_streamk.StreamKLauncher}
+                 "tma": _fused_qkv_tma.TMALauncher, "streamk": _fused_qkv_streamk.StreamKLauncher,
+                 "cublas": lambda config, problem, x, w: _fused_qkv_cublas.CublasLauncher(config, problem)}
     paths = fused_qkv_paths_on(capability)
     for model, (n_heads, n_kv_heads, head_dim, d_model, bias, _) in MODELS.items():
         n_qkv = (n_heads + 2 * n_kv_heads) * head_dim
@@ -256,9 +258,9 @@ def compiled() -> dict:
     return compile_in_subprocesses("test_kernels_compile", "compile_for_gpu", CAPABILITIES)
 
 
-def test_fused_qkv_selector_runs_only_the_pointer_kernel_below_sm90():
-    assert fused_qkv_paths_on(86) == ("pointer",)
-    assert fused_qkv_paths_on(90) == ("pointer", "tma", "streamk")
+def test_fused_qkv_selector_times_the_pointer_kernel_and_cublas_below_sm90():
+    assert fused_qkv_paths_on(86) == ("pointer", "cublas")
+    assert fused_qkv_paths_on(90) == ("pointer", "tma", "streamk", "cublas")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -14,6 +14,15 @@ if [[ "$gpu" == *H200* && $stage != batched && $stage != profiles ]]; then
   OUT=$OUT/$geometry-b1-5x400 GEOMETRY=$geometry BATCHES=1 ITERATIONS=400 REPEATS=5 bash benchmarks/gpu_decode_check.sh bench
 elif [[ "$gpu" == *H200* && $stage == batched ]]; then
   OUT=$OUT/$geometry-batch-8-32 GEOMETRY=$geometry BATCHES=8,32 ITERATIONS=100 REPEATS=1 bash benchmarks/gpu_decode_check.sh bench
+elif [[ $stage == next ]]; then
+  # the cublas path's kernel on the GPU, then fast-dllm's deferred events A/B'd, then the fused QKV op's choice
+  # among the four paths at 128 / 256 rows
+  timeout 90 python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_kernel_rope_cache_write.py 2>&1 \
+    | tail -3 | tee $OUT/rope-cache-write-tests.txt; el
+  timeout 170 python3 benchmarks/results/next-device/defer_events_ab.py 2 $geometry 2>&1 | grep -v -i warn \
+    | tee $OUT/defer-events-ab-$geometry.txt; el
+  timeout $((400 - SECONDS + start)) python3 -m flash_dllm.engine.bench_kernels --ops fused --tokens 128 256 2>&1 \
+    | grep -v -i warn | tee $OUT/kernels-fused-cublas-path.txt | grep -E "^fused_qkv|fused path|\[graph\]"; el
 elif [[ $stage == defer ]]; then
   # fast-dllm's records: events built after the next launch (the new default on CUDA) against before it
   timeout 240 python3 benchmarks/results/next-device/defer_events_ab.py 2 $geometry 2>&1 | grep -v -i warn \
