@@ -19,9 +19,9 @@ elif [[ $stage == next ]]; then
   # among the four paths at 128 / 256 rows
   timeout 90 python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_kernel_rope_cache_write.py 2>&1 \
     | tail -3 | tee $OUT/rope-cache-write-tests.txt; el
-  timeout 170 python3 benchmarks/results/next-device/defer_events_ab.py 2 $geometry 2>&1 | grep -v -i warn \
+  timeout 150 python3 benchmarks/results/next-device/defer_events_ab.py 2 $geometry 2>&1 | grep -v -i warn \
     | tee $OUT/defer-events-ab-$geometry.txt; el
-  timeout $((400 - SECONDS + start)) python3 -m flash_dllm.engine.bench_kernels --ops fused --tokens 128 256 2>&1 \
+  left=$((${BUDGET_S:-355} - SECONDS + start)); ((left > 30)) && timeout $left python3 -m flash_dllm.engine.bench_kernels --ops fused --tokens 128 256 2>&1 \
     | grep -v -i warn | tee $OUT/kernels-fused-cublas-path.txt | grep -E "^fused_qkv|fused path|\[graph\]"; el
 elif [[ $stage == defer ]]; then
   # fast-dllm's records: events built after the next launch (the new default on CUDA) against before it

@@ -21,4 +21,4 @@ def setting(defer: bool):
 
 if __name__ == "__main__":
     run_ab(sys.argv[2] if len(sys.argv) > 2 else "llada-8b", {"events-first": setting(False), "deferred": setting(True)},
-           [("fast-dllm", 1, 400), ("fast-dllm", 8, 200)], int(sys.argv[1]) if len(sys.argv) > 1 else 2)
+           [("fast-dllm", 1, 300), ("fast-dllm", 8, 150)], int(sys.argv[1]) if len(sys.argv) > 1 else 2)
