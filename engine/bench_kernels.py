@@ -4,8 +4,8 @@ fused_qkv_rope_cache, LLaDA-8B and Dream-7B layer geometry, at 128 tokens (batch
 4096 (32 x 128): the fused kernel vs the unfused reference (one matmul on the stacked weight, RoPE from
 tables, index_copy_) and vs a bare cuBLAS matmul of the same GEMM, plus the fused kernel's bandwidth
 against a device-to-device copy measured in the same run. `fused` is a FusedQKVRopeCache op built once (what the
-engine's hot loop calls); on Hopper it runs auto's measured choice and each of the three kernels (pointer,
-data-parallel TMA, stream-K TMA) is also timed forced (`fused:<path>`). host_us_functional is the host cost of
+engine's hot loop calls); on Hopper it runs auto's measured choice and each of its four paths (pointer,
+data-parallel TMA, stream-K TMA, cuBLAS + RoPE kernel) is also timed forced (`fused:<path>`). host_us_functional is the host cost of
 the functional, input-checking fused_qkv_rope_cache(backend="triton") on the same inputs.
 
 scheduled_attention on a ragged batch of 32 (one 4096-token prefill over 4096 keys beside 31 refreshes of
@@ -138,7 +138,7 @@ def bench_fused(model: str, n_tokens: int, copy_gbs: float, l2_bytes: int) -> No
     def cublas(i):
         return F.linear(x[i], w[i])
 
-    q = fused(0)  # tunes this bucket (and, on Hopper, times the three kernels) before anything is timed
+    q = fused(0)  # tunes this bucket (and, on Hopper, times the four paths) before anything is timed
     ref_q = reference(0)
     err = ((q.float() - ref_q.float()).norm() / ref_q.float().norm()).item()
     config = describe_choice(op.bound_choice(x[0], w[0], b[0]))  # auto's choice, or FLASH_DLLM_FUSED_QKV_PATH's

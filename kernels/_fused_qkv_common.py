@@ -85,6 +85,7 @@ class FusedQKVCounters:
     stored_choices_read: int = 0  # resolutions answered by a choice an earlier process timed (no measurement)
     launchers_built: int = 0  # launchers bound to a problem and buffers (grid, constexprs, descriptors)
     descriptors_built: int = 0  # TMA tensor descriptors
+    rejected: int = 0  # candidates whose outputs did not match the reference on the tuned call (not timed)
 
 
 COUNTERS = FusedQKVCounters()

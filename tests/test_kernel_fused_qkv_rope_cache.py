@@ -262,6 +262,31 @@ def test_auto_keeps_the_vendor_gemm_when_it_is_fastest():
         assert op.bound_choice(x, layer.w, layer.b).path == "cublas"
 
 
+def test_a_candidate_that_computes_wrong_is_never_chosen(monkeypatch):
+    """Before auto times a candidate it runs it once into scratch outputs against the torch reference: the cublas
+    path made to write a wrong q (timed fastest, faked) is dropped with a warning, the pointer kernel is bound,
+    and the real cache is never written by the check."""
+    from flash_dllm.kernels import _fused_qkv_cublas
+
+    working = _fused_qkv_cublas.CublasLauncher.__call__
+
+    def wrong(self, x, w_qkv, b_qkv, cos, sin, positions, cache_rows, q, k_cache, v_cache):
+        working(self, x, w_qkv, b_qkv, cos, sin, positions, cache_rows, q, k_cache, v_cache)
+        q[:, :8].neg_()  # one head's first half
+
+    monkeypatch.setattr(_fused_qkv_cublas.CublasLauncher, "__call__", wrong)
+    layer = Layer(4, 2, head_dim=16, d_model=64, bias=True, dtype=torch.float32)
+    x, positions, cache_rows = tokens(11, 64, torch.float32, n_cache_rows=30)
+    op = FusedQKVRopeCache("triton", 4, 2)
+    before = fused_qkv_counters()
+    with forced_fused_qkv(auto_paths=("pointer", "cublas"), measure=fake_timer([3.0]),
+                          pointer_configs=[pointer_module.INTERPRETER_CONFIG]):
+        with pytest.warns(UserWarning, match="cublas config .* computes wrong here"):
+            compare(layer, x, positions, cache_rows, 30, fill=float("nan"), run=lambda *args: layer.call(op, *args))
+        assert op.bound_choice(x, layer.w, layer.b).path == "pointer"
+    assert fused_qkv_counters().rejected == before.rejected + 1
+
+
 def test_check_inputs_names_what_is_wrong(monkeypatch):
     layer = Layer(4, 2, head_dim=16, d_model=64, bias=True, dtype=torch.float32)
     x, positions, cache_rows = tokens(5, 64, torch.float32, n_cache_rows=12)

@@ -10,10 +10,16 @@ start=$SECONDS; el() { echo "[elapsed $((SECONDS - start)) s]"; }
 gpu=$(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee $OUT/gpu.txt)
 echo "$gpu"
 stage=${1:-table}; geometry=${2:-llada-8b}
-if [[ "$gpu" == *H200* && $stage != batched && $stage != profiles ]]; then
+if [[ "$gpu" == *H200* && $stage != batched && $stage != profiles && $stage != last ]]; then
   OUT=$OUT/$geometry-b1-5x400 GEOMETRY=$geometry BATCHES=1 ITERATIONS=400 REPEATS=5 bash benchmarks/gpu_decode_check.sh bench
 elif [[ "$gpu" == *H200* && $stage == batched ]]; then
   OUT=$OUT/$geometry-batch-8-32 GEOMETRY=$geometry BATCHES=8,32 ITERATIONS=100 REPEATS=1 bash benchmarks/gpu_decode_check.sh bench
+elif [[ $stage == last ]]; then
+  # what the session's last ~200 s of device time allow, on any GPU: the new kernel's GPU tests, one A/B round
+  timeout 60 python3 -m pytest -q -p no:cacheprovider --noconftest tests/test_kernel_rope_cache_write.py 2>&1 \
+    | tail -3 | tee $OUT/rope-cache-write-tests.txt; el
+  timeout $((${BUDGET_S:-190} - SECONDS + start)) python3 benchmarks/results/next-device/defer_events_ab.py 1 \
+    $geometry 2>&1 | grep -v -i warn | tee $OUT/defer-events-ab-$geometry.txt; el
 elif [[ $stage == next ]]; then
   # the cublas path's kernel on the GPU, then fast-dllm's deferred events A/B'd, then the fused QKV op's choice
   # among the four paths at 128 / 256 rows
