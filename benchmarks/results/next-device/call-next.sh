@@ -9,6 +9,10 @@
 #    bash benchmarks/results/gpu-check-2026-12-06f/call2.sh llada-8b, then dream-7b),
 # and call-kernels.sh, call.sh (the weight layout for fast-dllm on an H100 and for Dream).
 # Two calls: `call-next.sh ab` (1, about 400 s), then `call-next.sh graph` (2).
+# (Fifteenth session, 2026-12-08: two H100 calls, five failed starts; no H200. Built but not yet run on a GPU: the
+# cublas fused-QKV path with its reference check, and fast-dllm's events after the next launch. First on the next
+# device: `bash benchmarks/results/gpu-check-2026-12-07i/call.sh next llada-8b` (the new kernel's GPU tests, the A/B,
+# the fused QKV op's choice among four paths), which on an H200 runs the README table instead; then the H200 table.)
 # (The fourteenth session ran items 1 and 2 and the occupancy check on an H100 (results/gpu-check-2026-12-07h/):
 # Dream's bf16 partials kept, 6 splits not adopted, every tiny-model graph case passed. What is left: the H200
 # table (call2.sh llada-8b, then dream-7b), call-kernels.sh, call.sh.)
