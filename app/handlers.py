@@ -94,14 +94,20 @@ def chat(ctx: AppContext, message, chat_id=None, system="", method=None, side_by
     knobs = (gen_length, block_length, steps, threshold, gamma, temperature, window, lookahead, track,
              max_candidates, seed)
     session = request.session_hash if request else None
-    turn = ctx.page_turns.take(session, regenerate=False)  # the page's message: what `accept` recorded
-    if turn is not None and turn.refused:
-        yield status_only(note(f"{TOO_MANY} the message was not sent; it is still in the box.", "warn"))
-        return
-    if turn is not None:
-        message, chat_id = turn.text, turn.chat_id
-    yield from chat_turn(ctx.for_request(request), message, chat_id, system, method, side_by_side, method_b, knobs,
-                         session)
+    arrival = ctx.sessions.begin_waiting(session)  # the page's Stop reaches this turn from now on (see `stop`)
+    try:
+        turn = ctx.page_turns.take(session, regenerate=False)  # the page's message: what `accept` recorded
+        if turn is not None and turn.refused:
+            yield status_only(note(f"{TOO_MANY} the message was not sent; it is still in the box.", "warn"))
+            return
+        if turn is not None:
+            message, chat_id = turn.text, turn.chat_id
+            if turn.stopped:  # Stop came before this event did: the turn ends before its first run
+                arrival.stop()
+        yield from chat_turn(ctx.for_request(request), message, chat_id, system, method, side_by_side, method_b,
+                             knobs, session, arrival=arrival)
+    finally:
+        ctx.sessions.end_waiting(session, arrival)
 
 
 def regenerate(ctx: AppContext, chat_id, system="", method=None, side_by_side=False,
@@ -113,16 +119,20 @@ def regenerate(ctx: AppContext, chat_id, system="", method=None, side_by_side=Fa
     knobs = (gen_length, block_length, steps, threshold, gamma, temperature, window, lookahead, track,
              max_candidates, seed)
     session = request.session_hash if request else None
-    turn = ctx.page_turns.take(session, regenerate=True)  # the page's click: what `regenerate_requested` recorded
-    if turn is not None and (turn.refused or turn.stopped or turn.repeat):
-        said = (f"{TOO_MANY} this Regenerate was not taken." if turn.refused else
-                "Stopped before it started: nothing was regenerated." if turn.stopped else None)
-        yield status_only(note(said, "warn") if said else gr.skip())  # a repeated click changes nothing
-        return
-    if turn is not None:
-        chat_id = turn.chat_id
-    yield from chat_turn(ctx.for_request(request), None, chat_id, system, method, side_by_side, method_b, knobs,
-                         session, regenerate=True)
+    arrival = ctx.sessions.begin_waiting(session)  # the page's Stop reaches this turn from now on (see `stop`)
+    try:
+        turn = ctx.page_turns.take(session, regenerate=True)  # the page's click: what `regenerate_requested` recorded
+        if turn is not None and (turn.refused or turn.stopped or turn.repeat):
+            said = (f"{TOO_MANY} this Regenerate was not taken." if turn.refused else
+                    "Stopped before it started: nothing was regenerated." if turn.stopped else None)
+            yield status_only(note(said, "warn") if said else gr.skip())  # a repeated click changes nothing
+            return
+        if turn is not None:
+            chat_id = turn.chat_id
+        yield from chat_turn(ctx.for_request(request), None, chat_id, system, method, side_by_side, method_b, knobs,
+                             session, regenerate=True, arrival=arrival)
+    finally:
+        ctx.sessions.end_waiting(session, arrival)
 
 
 TOO_MANY = f"More than {PageTurns.PER_PAGE} turns of this page wait for the engine:"
@@ -167,9 +177,18 @@ def stop(ctx: AppContext, request: gr.Request):
     stopped = ctx.sessions.stop(session)
     taken = ctx.page_turns.stop(session)
     ctx.regenerations.stop(session)  # none waits now: the decoding turn stops saying so
+    message_back = False
+    if not stopped:
+        # the message just sent, whose event has not arrived yet: it ends when it does, its text back in the box.
+        # Its event registers (sessions) before it takes its record (page_turns), so one that did both since
+        # the first look is seen by the second.
+        message_back = ctx.page_turns.stop_message(session) or False
+        stopped = message_back or ctx.sessions.stop(session)
     if not stopped:
         stopped = ctx.sessions.stop_unattended(getattr(request, "username", None))
     said = "Stopping between steps…" if stopped else "Nothing is being generated."
+    if message_back:
+        said = "Stopped before it started: your message goes back in the box."
     if taken:
         said = f"{'Stopping between steps… ' if stopped else ''}The Regenerate waiting its turn will not run."
     return note(said, "warn")

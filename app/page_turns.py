@@ -7,9 +7,12 @@ when it queues the event, and a second click may have changed them by then (the 
 text, the Chats value), so the turn would decode another click's text or into another chat. Instead the click
 records its text and chat here, and the queued event takes the page's oldest recorded turn of its kind: Gradio
 may queue two events of a page in the other order, but the turns still run in the order their clicks reached
-the app, which is the order the page showed them queued. Every click of the page is recorded and every queued event takes one (a refused
-message too: it still gets its own refusal), so the two stay in step. A turn called through the API without
-the page takes nothing and keeps the arguments it was called with.
+the app, which is the order the page showed them queued. Every click of the page is recorded and every queued
+event takes one (a refused message too: it still gets its own refusal), so the two stay in step. A turn called
+through the API without the page takes nothing and keeps the arguments it was called with.
+
+Stop pressed on a page with no turn running or arrived takes back its oldest message still waiting to start
+(`stop_message`; a Stop right after Send, before the turn's event began): the user stops what they just asked for.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ class PageTurn:
 
     chat_id: str | None
     text: str | None = None
-    stopped: bool = False  # a regenerate the page's Stop took back before it started: it ends at once
+    stopped: bool = False  # the page's Stop took it back before it started: it ends at once
     repeat: bool = False  # a Regenerate click while the page already regenerates that chat: it does nothing
     refused: bool = False  # more turns of the page wait than it may have: the click was not recorded
 
@@ -87,6 +90,17 @@ class PageTurns:
             for turn in taken:
                 turn.stopped = True
         return len(taken)
+
+    def stop_message(self, session: str | None) -> bool:
+        """Stop pressed on a page with no turn running or arrived: its oldest message waiting to start (sent, its
+        event not begun) ends when it starts, its text back in the box. Only that one: the box holds one text,
+        and later messages are answered in order as ever. Whether there was one."""
+        with self._lock:
+            for turn in self._pages.get(session or "", ()):
+                if turn.text and turn.text.strip() and not turn.stopped and not turn.refused:
+                    turn.stopped = True
+                    return True
+        return False
 
     def drop_session(self, session: str) -> None:
         """The page went away: Gradio drops its queued events, so nothing will take its turns."""

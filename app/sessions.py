@@ -102,15 +102,19 @@ class Sessions:
                 return []
             return self.orphans.pop(chat_id, [])
 
-    def begin(self, session: str | None, chat_id: str) -> Turn:
-        turn = Turn()
+    def begin(self, session: str | None, chat_id: str, turn: Turn | None = None) -> Turn:
+        """The turn starts decoding the chat. `turn`: the one registered when its event arrived (`begin_waiting`):
+        it moves from waiting to running, so a Stop that reached it before it began still stops it."""
+        turn = turn or Turn()
         with self._lock:
+            self.waiting.get(session or "", set()).discard(turn)
             self.running.setdefault(session or "", set()).add(turn)
             self.busy[chat_id] = self.busy.get(chat_id, 0) + 1
         return turn
 
     def begin_waiting(self, session: str | None) -> Turn:
-        """A turn that waits for its chat to be free: Stop on its page sets its `stopped` (it has no run yet)."""
+        """A turn that has arrived but does not decode yet (it waits for its chat to be free, or is still being
+        set up): Stop on its page sets its `stopped` (it has no run yet)."""
         turn = Turn()
         with self._lock:
             self.waiting.setdefault(session or "", set()).add(turn)

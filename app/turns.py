@@ -19,7 +19,7 @@ from flash_dllm.app.model_settings import DEFAULT_METHOD, DEFAULT_METHOD_B, page
 from flash_dllm.app.models import ModelHost, history_exchanges
 from flash_dllm.app.page_turns import PageTurns
 from flash_dllm.app.presets import KNOBS, build_settings
-from flash_dllm.app.sessions import Recordings, RegenerateRequests, Sessions
+from flash_dllm.app.sessions import Recordings, RegenerateRequests, Sessions, Turn
 from flash_dllm.engine import SettingsError
 
 # Outputs of `chat` / `regenerate`, in order (app/ui.py wires components in this order).
@@ -128,7 +128,10 @@ def left_out_note(dropped: int, window: int | None) -> str:
 
 
 def stop_note(views: list[RunView], kept: bool, regenerate: bool) -> str:
-    steps = views[0].stats.steps if views else 0
+    if not views:  # Stop reached the turn before its first run
+        return note("Stopped before it started: " + ("nothing was regenerated." if regenerate else
+                                                      "nothing was kept, and your message is back in the box."), "warn")
+    steps = views[0].stats.steps
     if kept:
         return note(f"Stopped after {steps} steps; the partial answer is kept.", "warn")
     if regenerate:
@@ -150,13 +153,15 @@ def loaded_model_methods(ctx: AppContext, method: str | None, method_b: str | No
 
 
 def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system: str, method: str,
-              side_by_side: bool, method_b: str, knob_values: tuple, session: str | None, regenerate: bool = False):
+              side_by_side: bool, method_b: str, knob_values: tuple, session: str | None, regenerate: bool = False,
+              arrival: Turn | None = None):
     """Generator of output tuples (see OUTPUTS) for one streamed turn. When the page goes away mid-turn (a reload,
     a closed tab: Gradio closes this generator), the turn is finished on a thread of its own instead of being
-    cancelled, so its answer is decoded and saved into the chat, where the reopened page finds it."""
+    cancelled, so its answer is decoded and saved into the chat, where the reopened page finds it. `arrival`: the
+    turn its page's Stop has reached since the event arrived (Sessions.begin_waiting); None makes one here."""
     page_gone = threading.Event()
     outputs = _turn_outputs(ctx, message, chat_id, system, method, side_by_side, method_b, knob_values, session,
-                            regenerate, page_gone)
+                            regenerate, page_gone, arrival)
     regenerating = chat_id if regenerate and isinstance(chat_id, str) else None
     if regenerating:
         ctx.regenerations.start(session, regenerating)  # the answer it waited for (if any) is done
@@ -182,7 +187,7 @@ CHAT_BUSY_POLL_S = 0.1
 
 
 def _wait_for_chat(ctx: AppContext, chat_id: str | None, session: str | None, page_gone: threading.Event, emit,
-                   regenerate: bool = False):
+                   arrival: Turn, regenerate: bool = False):
     """Yield a status until no turn is decoding the chat: one whose page went away may still be finishing its
     answer, which must land in the chat before this turn adds a message (turns of the page run one at a time).
     Returns whether the page's Stop ended the wait (the message then never reaches the chat)."""
@@ -192,18 +197,27 @@ def _wait_for_chat(ctx: AppContext, chat_id: str | None, session: str | None, pa
         what = "the regenerate" if regenerate else "this message"
         yield emit(status=note("Waiting for this chat's previous answer, still being decoded after its page was "
                                f"reloaded; {what} comes next (Stop takes it back)."))
-    waiting = ctx.sessions.begin_waiting(session)
-    try:
-        while ctx.sessions.is_busy(chat_id) and not waiting.stopped.is_set():
-            time.sleep(CHAT_BUSY_POLL_S)
-    finally:
-        ctx.sessions.end_waiting(session, waiting)
-    return waiting.stopped.is_set()
+    while ctx.sessions.is_busy(chat_id) and not arrival.stopped.is_set():
+        time.sleep(CHAT_BUSY_POLL_S)
+    return arrival.stopped.is_set()
 
 
 def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, system: str, method: str,
                   side_by_side: bool, method_b: str, knob_values: tuple, session: str | None, regenerate: bool,
-                  page_gone: threading.Event):
+                  page_gone: threading.Event, arrival: Turn | None):
+    own_arrival = arrival is None
+    arrival = arrival or ctx.sessions.begin_waiting(session)
+    try:
+        yield from _turn_steps(ctx, message, chat_id, system, method, side_by_side, method_b, knob_values, session,
+                               regenerate, page_gone, arrival)
+    finally:
+        if own_arrival:  # a caller's arrival is the caller's to end
+            ctx.sessions.end_waiting(session, arrival)
+
+
+def _turn_steps(ctx: AppContext, message: str | None, chat_id: str | None, system: str, method: str,
+                side_by_side: bool, method_b: str, knob_values: tuple, session: str | None, regenerate: bool,
+                page_gone: threading.Event, arrival: Turn):
     values = {name: gr.skip() for name in OUTPUTS}
 
     def emit(**changes):
@@ -251,7 +265,7 @@ def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, sys
     if ctx.host.engine is None:
         yield refuse(note("No model is loaded: choose one under Model.", "error"))
         return
-    if (yield from _wait_for_chat(ctx, chat_id, session, page_gone, emit, regenerate)):
+    if (yield from _wait_for_chat(ctx, chat_id, session, page_gone, emit, arrival, regenerate)):
         said = "nothing was regenerated" if regenerate else "your message is back in the box"
         yield emit(status=note(f"Stopped before it started: {said}. This chat's previous answer is still being "
                                "decoded; Stop again ends it.", "warn"),
@@ -293,7 +307,7 @@ def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, sys
         asked = text
     prompt = shown.conversation()
     choices = gr.update(choices=chat_choices(ctx.store), value=chat.id)
-    turn = ctx.sessions.begin(session, chat.id)
+    turn = ctx.sessions.begin(session, chat.id, arrival)  # a Stop since the event arrived stops it before any run
     runs = [("A", settings)] + ([("B", settings_b)] if settings_b is not None else [])
     views: list[RunView] = []
     failure, dropped, kept = None, 0, False

@@ -169,3 +169,42 @@ def test_every_event_of_a_click_that_arms_stop_runs_on_every_click(tmp_path):
     assert all(fn.trigger_mode == "multiple" for fn in on_click + chained)
     for name, first in (("chat", "queue_message"), ("regenerate", "regenerate_requested")):
         assert by_name[name].trigger_after == by_name[first]._id  # the turn is queued after its click's record
+
+
+def test_stop_right_after_send_takes_the_message_back_before_its_turn_arrives(ctx):
+    """Stop pressed after the page showed the message but before its queued event started: the message is taken
+    back (Stop says so), and when its event comes it ends at once with the text in the box and nothing saved.
+    A second message of the page, sent after, is answered as ever."""
+    page = SimpleNamespace(session_hash="page-stop-early")
+    handlers.accept(ctx, "stop me at once", None, page)
+    handlers.accept(ctx, "answer me", None, page)
+    said = handlers.stop(ctx, page)
+    assert "Stopped before it started: your message goes back in the box." in said
+    out = last(handlers.chat(ctx, "answer me", None, "", request=page, **SHORT))
+    assert "Stopped before it started: nothing was kept" in out["status"] and out["message"] == "stop me at once"
+    answered = last(handlers.chat(ctx, "answer me", None, "", request=page, **SHORT))
+    assert "Done." in answered["status"]
+    texts = contents(ctx, answered["chats"]["value"])
+    assert "stop me at once" not in texts and texts[0] == "answer me" and len(texts) == 2
+    assert "Nothing is being generated" in handlers.stop(ctx, page)
+
+
+def test_stop_while_a_turn_sets_up_stops_it_before_its_first_run(ctx, monkeypatch):
+    """Stop pressed after the turn's event arrived but before it began decoding (here: while it opens its chat)
+    reaches it: it ends before its first run, its message back in the box and not saved."""
+    page = SimpleNamespace(session_hash="page-stop-setting-up")
+    handlers.accept(ctx, "stopped while setting up", None, page)
+    opened, said = ctx.store.get_or_create, []
+
+    def open_then_stop(*args, **kwargs):
+        said.append(handlers.stop(ctx, page))
+        return opened(*args, **kwargs)
+
+    monkeypatch.setattr(ctx.store, "get_or_create", open_then_stop)
+    out = last(handlers.chat(ctx, "stopped while setting up", None, "", request=page, **SHORT))
+    monkeypatch.setattr(ctx.store, "get_or_create", opened)
+    assert "Stopping between steps" in said[0]
+    assert "Stopped before it started: nothing was kept" in out["status"]
+    assert out["message"] == "stopped while setting up"
+    assert not any("stopped while setting up" in m["content"] for c in ctx.store.list() for m in c.messages)
+    assert "Nothing is being generated" in handlers.stop(ctx, page)  # the turn left no registration behind
