@@ -96,8 +96,8 @@ class DecodeSession:
         self.lag = 1 if cuda else 0
         # A method that reads each record at once (lag 0) leaves the GPU idle while the host waits for the record;
         # on CUDA the events of a record read that way are built after the next step is launched, so that only the
-        # read and the launch stand between two steps, not the events (about 1 ms at batch 8). Tests set it on the
-        # CPU to run that order.
+        # read and the launch stand between two steps, not the events (which grow with the batch). Tests set it on
+        # the CPU to run that order.
         self.defer_events = cuda
         bind = getattr(method, "bind_session", None)  # a method with its own packing (block-diffusion)
         if bind is not None:
