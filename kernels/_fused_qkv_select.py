@@ -10,7 +10,7 @@ The first call of a problem key (`fused_qkv_problem_key`: device, token bucket, 
 each path the request allows times its candidate configs on that call and keeps the fastest, and auto keeps the
 fastest path (every path is exact to within its rounding, so the choice only moves time; no fixed rule fits the
 H200 numbers in the README's kernel table). Before a candidate is timed it runs once into scratch outputs and must
-match the torch reference on the call's own inputs (`_ReferenceCheck`): one that computes wrong on this GPU or
+match the torch reference on the call's own inputs (`_fused_qkv_check.ReferenceCheck`): one that computes wrong on this GPU or
 compiler is dropped with a warning, never chosen. Re-running a kernel rewrites the same K/V cache rows with the same
 values, so timing on the real call is harmless. Choices are process-wide, and timed ones are kept on disk
 (`_tuning_store`): a later process on the same GPU and kernels reads them instead of timing again (an app
@@ -34,18 +34,17 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from triton.compiler.errors import CompilationError
 
 from . import gpu_time_ms, interpreting
 from . import _fused_qkv_common, _fused_qkv_cublas, _fused_qkv_pointer, _fused_qkv_streamk, _fused_qkv_tma
 from . import _rope_cache_write_triton
+from ._fused_qkv_check import ReferenceCheck
 from ._fused_qkv_common import COUNTERS, TMA_HEAD_DIM, FusedQKVCounters, FusedQKVProblem, m_bucket, tma_available
 from ._fused_qkv_cublas import CublasLauncher
 from ._fused_qkv_pointer import PointerLauncher
 from ._fused_qkv_streamk import StreamKLauncher
 from ._fused_qkv_tma import TMALauncher
-from .rope_cache_write import rope_cache_write_reference
 from ._tuning_store import (DOES_NOT_FIT, TuningStore, default_store, device_description, matching_config,
                             source_digest)
 
@@ -205,51 +204,7 @@ def _build_launcher(path: str, config, problem: FusedQKVProblem, x, w_qkv):
     return StreamKLauncher(config, problem, x, w_qkv)
 
 
-class _ReferenceCheck:
-    """The torch reference's q, k and v on a call's own inputs, computed once per tuned problem. Before a candidate
-    is timed it runs once into scratch outputs (never the real cache) and must match them: a kernel that computes
-    wrong on some GPU or compiler is dropped with a warning instead of chosen. Relative Frobenius error; the
-    bound is far above rounding (the fused kernels round once where the reference rounds twice: ~4e-3 in bf16)
-    and far below a wrong head, half or row (~1)."""
-
-    TOLERANCE = {torch.float32: 1e-4}  # 16-bit: 2e-2
-
-    def __init__(self, call_args: tuple, problem: FusedQKVProblem):
-        x, w_qkv, b_qkv, cos, sin, positions, _, _, k_cache, _ = call_args
-        rows = torch.arange(x.shape[0], device=x.device)
-        self.inputs = (x, w_qkv, b_qkv, cos, sin, positions, rows)
-        self.cache_shape, self.cache_dtype = (x.shape[0], k_cache.shape[1]), k_cache.dtype
-        k_ref, v_ref = self._scratch()
-        qkv = F.linear(x, w_qkv, b_qkv)
-        q_ref = rope_cache_write_reference(qkv, cos, sin, positions, rows, k_ref, v_ref, problem.n_heads,
-                                           problem.n_kv_heads)
-        self.expected = (q_ref, k_ref, v_ref)
-        self.tolerance = self.TOLERANCE.get(x.dtype, 2e-2)
-
-    def _scratch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        device = self.inputs[0].device
-        return tuple(torch.zeros(self.cache_shape, dtype=self.cache_dtype, device=device) for _ in range(2))
-
-    def error(self, launcher) -> float:
-        """The largest relative error of the launcher's q, k, v (nan when it wrote non-finite values)."""
-        k, v = self._scratch()
-        q = torch.empty_like(self.expected[0])
-        launcher(*self.inputs, q, k, v)
-        errors = [((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
-                  for got, want in zip((q, k, v), self.expected)]
-        return max(errors)
-
-    def accepts(self, launcher) -> bool:
-        error = self.error(launcher)
-        if error <= self.tolerance:
-            return True
-        COUNTERS.rejected += 1
-        warnings.warn(f"fused QKV {launcher.path} config {launcher.config} computes wrong here (relative error "
-                      f"{error:.2e} against the torch reference, bound {self.tolerance:g}): not a candidate")
-        return False
-
-
-def _fastest(launchers: list, call_args: tuple, measure: Callable, check: _ReferenceCheck) -> tuple[object, float]:
+def _fastest(launchers: list, call_args: tuple, measure: Callable, check: ReferenceCheck) -> tuple[object, float]:
     """(config, ms) of the launcher that `measure` times fastest on call_args, among those whose outputs match
     the reference (`check`); configs that do not fit are skipped (a compiler failure with a warning)."""
     times = {}
@@ -291,7 +246,7 @@ def _choose(paths: tuple[str, ...], key: tuple, problem: FusedQKVProblem, call_a
         if entry is None or (must_time and math.isnan(entry[1])):
             if must_time:
                 launchers = [_build_launcher(path, config, problem, x, w_qkv) for config in configs]
-                check = check or _ReferenceCheck(call_args, problem)
+                check = check or ReferenceCheck(call_args, problem)
                 try:
                     entry = _fastest(launchers, call_args, measure, check)
                 except RuntimeError as exc:  # auto goes on without a path that cannot run here
