@@ -287,6 +287,23 @@ def test_a_candidate_that_computes_wrong_is_never_chosen(monkeypatch):
     assert fused_qkv_counters().rejected == before.rejected + 1
 
 
+def test_the_reference_check_stands_aside_when_the_inputs_are_not_finite(recwarn):
+    """A tuned call whose x holds a NaN row (a buffer never written) leaves the reference nothing to compare
+    against: every candidate is timed as before the check existed, none is rejected."""
+    layer = Layer(4, 2, head_dim=16, d_model=64, bias=True, dtype=torch.float32)
+    x, positions, cache_rows = tokens(11, 64, torch.float32, n_cache_rows=30)
+    x[3] = float("nan")
+    k_cache, v_cache = layer.caches(30)
+    op = FusedQKVRopeCache("triton", 4, 2)
+    before = fused_qkv_counters()
+    with forced_fused_qkv(auto_paths=("pointer", "cublas"), measure=fake_timer([3.0, 1.0]),
+                          pointer_configs=[pointer_module.INTERPRETER_CONFIG]):
+        layer.call(op, x, positions, cache_rows, k_cache, v_cache)
+        assert op.bound_choice(x, layer.w, layer.b).path == "cublas"
+    assert fused_qkv_counters().rejected == before.rejected
+    assert not [w for w in recwarn if "computes wrong" in str(w.message)]
+
+
 def test_check_inputs_names_what_is_wrong(monkeypatch):
     layer = Layer(4, 2, head_dim=16, d_model=64, bias=True, dtype=torch.float32)
     x, positions, cache_rows = tokens(5, 64, torch.float32, n_cache_rows=12)
