@@ -126,11 +126,18 @@ class Family:
 
     def agrees(self, got: torch.Tensor, expected: torch.Tensor, tolerance: float, what: str) -> bool:
         """Whether got is expected to within tolerance of its largest magnitude (warns when not)."""
-        error = (got.float() - expected).abs().max()
-        if bool(torch.isfinite(error)) and float(error) <= tolerance * float(expected.abs().max()) + 1e-6:
-            return True
-        warnings.warn(f"{self.label} config {what} disagrees with cuBLAS (max error {float(error):.3g}); not used")
-        return False
+        ok, error = within(got, expected, tolerance)
+        if not ok:
+            warnings.warn(f"{self.label} config {what} disagrees with cuBLAS (max error {error:.3g}); not used")
+        return ok
+
+
+def within(got: torch.Tensor, expected: torch.Tensor, tolerance: float) -> tuple[bool, float]:
+    """Whether got equals expected to within tolerance of expected's largest magnitude, and the largest error (a
+    candidate kernel's outputs against the reference on the call it is tuned on; non-finite errors never pass)."""
+    error = (got.float() - expected.float()).abs().max()
+    ok = bool(torch.isfinite(error)) and float(error) <= tolerance * float(expected.float().abs().max()) + 1e-6
+    return ok, float(error)
 
 
 class BoundLaunchers:
