@@ -105,7 +105,7 @@ def chat(ctx: AppContext, message, chat_id=None, system="", method=None, side_by
             if turn.stopped:  # Stop came before this event did: the turn ends before its first run
                 arrival.stop()
         yield from chat_turn(ctx.for_request(request), message, chat_id, system, method, side_by_side, method_b,
-                             knobs, session, arrival=arrival)
+                             knobs, session, arrival)
     finally:
         ctx.sessions.end_waiting(session, arrival)
 
@@ -130,7 +130,7 @@ def regenerate(ctx: AppContext, chat_id, system="", method=None, side_by_side=Fa
         if turn is not None:
             chat_id = turn.chat_id
         yield from chat_turn(ctx.for_request(request), None, chat_id, system, method, side_by_side, method_b, knobs,
-                             session, regenerate=True, arrival=arrival)
+                             session, arrival, regenerate=True)
     finally:
         ctx.sessions.end_waiting(session, arrival)
 
@@ -182,7 +182,7 @@ def stop(ctx: AppContext, request: gr.Request):
         # the message just sent, whose event has not arrived yet: it ends when it does, its text back in the box.
         # Its event registers (sessions) before it takes its record (page_turns), so one that did both since
         # the first look is seen by the second.
-        message_back = ctx.page_turns.stop_message(session) or False
+        message_back = ctx.page_turns.stop_message(session)
         stopped = message_back or ctx.sessions.stop(session)
     if not stopped:
         stopped = ctx.sessions.stop_unattended(getattr(request, "username", None))

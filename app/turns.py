@@ -153,12 +153,12 @@ def loaded_model_methods(ctx: AppContext, method: str | None, method_b: str | No
 
 
 def chat_turn(ctx: AppContext, message: str | None, chat_id: str | None, system: str, method: str,
-              side_by_side: bool, method_b: str, knob_values: tuple, session: str | None, regenerate: bool = False,
-              arrival: Turn | None = None):
+              side_by_side: bool, method_b: str, knob_values: tuple, session: str | None, arrival: Turn,
+              regenerate: bool = False):
     """Generator of output tuples (see OUTPUTS) for one streamed turn. When the page goes away mid-turn (a reload,
     a closed tab: Gradio closes this generator), the turn is finished on a thread of its own instead of being
     cancelled, so its answer is decoded and saved into the chat, where the reopened page finds it. `arrival`: the
-    turn its page's Stop has reached since the event arrived (Sessions.begin_waiting); None makes one here."""
+    turn its page's Stop has reached since the event arrived (Sessions.begin_waiting; the caller ends it)."""
     page_gone = threading.Event()
     outputs = _turn_outputs(ctx, message, chat_id, system, method, side_by_side, method_b, knob_values, session,
                             regenerate, page_gone, arrival)
@@ -204,20 +204,7 @@ def _wait_for_chat(ctx: AppContext, chat_id: str | None, session: str | None, pa
 
 def _turn_outputs(ctx: AppContext, message: str | None, chat_id: str | None, system: str, method: str,
                   side_by_side: bool, method_b: str, knob_values: tuple, session: str | None, regenerate: bool,
-                  page_gone: threading.Event, arrival: Turn | None):
-    own_arrival = arrival is None
-    arrival = arrival or ctx.sessions.begin_waiting(session)
-    try:
-        yield from _turn_steps(ctx, message, chat_id, system, method, side_by_side, method_b, knob_values, session,
-                               regenerate, page_gone, arrival)
-    finally:
-        if own_arrival:  # a caller's arrival is the caller's to end
-            ctx.sessions.end_waiting(session, arrival)
-
-
-def _turn_steps(ctx: AppContext, message: str | None, chat_id: str | None, system: str, method: str,
-                side_by_side: bool, method_b: str, knob_values: tuple, session: str | None, regenerate: bool,
-                page_gone: threading.Event, arrival: Turn):
+                  page_gone: threading.Event, arrival: Turn):
     values = {name: gr.skip() for name in OUTPUTS}
 
     def emit(**changes):

@@ -105,6 +105,16 @@ class DecodeSession:
         if self.verifier is not None:  # after bind: a method may bring a verifier of its own
             self.verifier.use_kernels(backend)
 
+    @property
+    def read_lag(self) -> int:
+        """Steps the host launches ahead of its reads: none for a method whose next layout follows the record."""
+        return 0 if self.status_driven else self.lag
+
+    @property
+    def events_after_launch(self) -> bool:
+        """Whether a record's events (and, in the scheduler, its answered requests) wait for the next launch."""
+        return self.defer_events and self.read_lag == 0
+
     # ---- one step, device work only ----------------------------------------------------------------------
     def step(self, layouts: list[Layout]) -> None:
         canvas, method = self.canvas, self.method
@@ -242,7 +252,7 @@ class DecodeSession:
 
         k, replays, stopping = 0, 0, False
         last_event = None
-        keep = 0 if self.status_driven else self.lag
+        keep, late = self.read_lag, self.events_after_launch
         while True:
             if cancel is not None and cancel.is_set() and not stopping:
                 canvas.active.zero_()  # queued behind the steps in flight: they finish, later ones do nothing
@@ -260,7 +270,7 @@ class DecodeSession:
                 last_event = records.event(j) if records.cuda else None
                 unemitted.append((previous, record))
                 previous = record
-                if not (self.defer_events and keep == 0):
+                if not late:
                     emit_read()
                 try:
                     check_progress(record)

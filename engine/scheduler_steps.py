@@ -62,12 +62,11 @@ class BatchRun:
                 session.records.copy_out(self.step_index)
                 self.in_flight.append(self.step_index)
                 self._route_read()  # records read before this launch: the step in flight covers this host work
-                keep = 0 if session.status_driven else session.lag
-                while len(self.in_flight) > keep:
+                while len(self.in_flight) > session.read_lag:
                     self._read(self.in_flight.pop(0), started)
-                # read at once (lag 0): route after the next launch (DecodeSession.defer_events), unless no slot
-                # goes on, when the finished requests must leave before the loop asks whether any remain
-                if not (session.defer_events and keep == 0) or not bool(self.previous.active.any()):
+                # routed after the next launch (DecodeSession.events_after_launch), unless no slot goes on: then
+                # the finished requests must leave before the loop asks whether any remain
+                if not session.events_after_launch or not bool(self.previous.active.any()):
                     self._route_read()
                 self.step_index += 1
             if session.stream is not None:
