@@ -19,9 +19,7 @@ from ._rope_cache_write_triton import rope_cache_write_triton
 
 @dataclass(frozen=True)
 class CublasConfig:
-    """Nothing to tune on our side (the vendor GEMM picks its own kernel): one config."""
-
-    gemm: str = "F.linear"
+    """Nothing to tune on our side (the vendor GEMM picks its own kernel): one config, with no fields."""
 
 
 def default_configs(bucket: int) -> tuple[CublasConfig, ...]:
